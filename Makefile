@@ -1,0 +1,42 @@
+# routegate — the two commands that matter: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+HOST ?= 127.0.0.1
+PORT ?= 8080
+POLICY ?= policies/default.yaml
+
+.PHONY: run test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[local]'
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@ $(STAMP_RUN)
+
+run: $(STAMP_RUN)
+	$(VENV)/bin/routegate serve --policy $(POLICY) --host $(HOST) --port $(PORT)
+
+test: $(STAMP_TEST)
+	$(PY) -m pytest
+
+lint: $(STAMP_TEST)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q tests/test_import_direction.py
+
+bench: $(STAMP_TEST)
+	$(PY) bench/overhead.py
+	$(PY) bench/routing.py
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

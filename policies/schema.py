@@ -1,0 +1,227 @@
+"""File models: a one-to-one mirror of the policy YAML.
+
+Every model is frozen and forbids unknown keys, so a typo in a policy file is an
+error, never a silently ignored setting. Cross-field checks (a route target that
+names no backend model, duplicate key hashes, ...) live in `load.py`, which turns
+these file models into the runtime `Policy`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
+TARGET_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+/[^/\s]+.*$")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class FileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LatencyPriors(FileModel):
+    """Declared latency of a backend model, used until live statistics exist."""
+
+    network_ms: NonNegativeFloat = 20.0
+    ttft_ms: NonNegativeFloat | None = None  # fixed overhead before the first token
+    prefill_tokens_per_s: PositiveFloat = 5000.0
+    decode_tokens_per_s: PositiveFloat = 50.0
+
+
+class ModelSpec(FileModel):
+    upstream_name: str | None = None  # the name sent upstream when it differs from the key
+    input_usd_per_mtok: NonNegativeFloat = 0.0
+    output_usd_per_mtok: NonNegativeFloat = 0.0
+    context_tokens: PositiveInt | None = None
+    priors: LatencyPriors = LatencyPriors()
+
+
+class Timeouts(FileModel):
+    connect_s: PositiveFloat = 5.0
+    first_byte_s: PositiveFloat = 60.0  # request sent → response headers
+    total_s: PositiveFloat = 600.0
+
+
+class LaunchSpec(FileModel):
+    """Start a local_backend child process for this backend (`routegate serve` owns it)."""
+
+    model: str = "demo"  # `demo` or a Hugging Face checkpoint directory
+    args: list[str] = []
+    startup_timeout_s: PositiveFloat = 120.0
+
+
+class Backend(FileModel):
+    type: Literal["openai", "anthropic"]
+    url: str | None = None  # None only with `launch`: the gateway fills in the child's port
+    api_key: SecretStr | None = None
+    deployment: Literal["shared", "dedicated"] = "shared"
+    region: str | None = None
+    data_retention: Literal["zero", "standard"] | None = None
+    gpu_hour_usd: NonNegativeFloat | None = None
+    max_concurrency: PositiveInt | None = None
+    max_connections: PositiveInt = 256
+    timeouts: Timeouts = Timeouts()
+    launch: LaunchSpec | None = None
+    enabled: bool = True
+    models: dict[str, ModelSpec] = Field(min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return url.rstrip("/") if url else url
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _empty_means_disabled(cls, value: object) -> object:
+        # `enabled: ${OPENAI_API_KEY:+true}` interpolates to "" when the key is unset.
+        return False if value in ("", None) else value
+
+    @model_validator(mode="after")
+    def _url_or_launch(self) -> Backend:
+        if self.url is None and self.launch is None:
+            raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
+        return self
+
+
+class LatencyBudget(FileModel):
+    ttft_ms: PositiveFloat | None = None
+    total_ms: PositiveFloat | None = None
+
+
+class Route(FileModel):
+    targets: list[str] = Field(min_length=1)  # "backend/model", in preference order
+    objective: Literal["cheapest", "fastest"] = "cheapest"
+    latency_budget: LatencyBudget = LatencyBudget()
+    on_budget_miss: Literal["fastest", "reject"] = "fastest"
+    expected_output_tokens: PositiveInt = 256  # until a running mean exists
+
+    @field_validator("targets")
+    @classmethod
+    def _targets_are_backend_model(cls, targets: list[str]) -> list[str]:
+        for target in targets:
+            if not TARGET_PATTERN.match(target):
+                raise ValueError(f"target {target!r} must be written as backend/model")
+        return targets
+
+
+PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
+
+
+class PiiPolicy(FileModel):
+    detect: list[PiiCategory] = []
+    action: Literal["local_only", "redact", "block"] = "local_only"
+
+
+class RuleWhen(FileModel):
+    tenant_tags: list[str] = []  # matches when the tenant has any of these tags
+    tenants: list[str] = []
+    routes: list[str] = []
+
+
+class RuleRequire(FileModel):
+    regions: list[str] = []  # glob patterns: `eu-*`
+    deployment: Literal["shared", "dedicated"] | None = None
+    data_retention: Literal["zero", "standard"] | None = None
+
+
+class ComplianceRule(FileModel):
+    name: str
+    when: RuleWhen = RuleWhen()
+    require: RuleRequire
+
+
+class Compliance(FileModel):
+    pii: PiiPolicy = PiiPolicy()
+    rules: list[ComplianceRule] = []
+    record_content: bool = False  # prompts/completions in spans and logs
+
+
+class Limits(FileModel):
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+
+
+class Budget(FileModel):
+    usd_per_day: NonNegativeFloat | None = None
+    usd_per_month: NonNegativeFloat | None = None
+
+
+Priority = Literal["high", "normal", "low"]
+
+
+class Tenant(FileModel):
+    api_keys: list[str] = []
+    tags: list[str] = []
+    priority: Priority = "normal"
+    limits: Limits | None = None  # None: `defaults.limits`
+    key_limits: Limits | None = None  # per API key, inside the tenant's limits
+    budget: Budget = Budget()
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_are_hashes(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not KEY_HASH_PATTERN.match(key):
+                raise ValueError(
+                    "api_keys hold sha256:<64 hex> hashes, never plain keys "
+                    "(make one with `routegate keys hash KEY`)"
+                )
+        return keys
+
+
+class AnonymousAccess(FileModel):
+    enabled: bool = False
+    tenant: str = "anonymous"
+    loopback_only: bool = True
+
+
+class Auth(FileModel):
+    anonymous: AnonymousAccess = AnonymousAccess()
+    admin_keys: list[str] = []  # sha256 hashes, like tenant keys
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _admin_keys_are_hashes(cls, keys: list[str]) -> list[str]:
+        return Tenant._keys_are_hashes(keys)
+
+
+class ServerSettings(FileModel):
+    max_body_bytes: PositiveInt = 4 * 1024 * 1024
+
+
+class LimitStore(FileModel):
+    store: str = "memory"  # memory | redis://host:port/db
+    on_store_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    replicas: PositiveInt = 1  # fail-open share: each replica allows limit / replicas
+
+    @field_validator("store")
+    @classmethod
+    def _store_known(cls, store: str) -> str:
+        if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be `memory` or a redis:// URL")
+        return store
+
+
+class Defaults(FileModel):
+    limits: Limits = Limits(requests_per_minute=60, tokens_per_minute=50_000)
+    priority: Priority = "normal"
+
+
+class PolicyFile(FileModel):
+    version: Literal[1]
+    backends: dict[str, Backend] = Field(min_length=1)
+    routes: dict[str, Route] = {}
+    compliance: Compliance = Compliance()
+    tenants: dict[str, Tenant] = {}
+    defaults: Defaults = Defaults()
+    auth: Auth = Auth()
+    server: ServerSettings = ServerSettings()
+    limits: LimitStore = LimitStore()

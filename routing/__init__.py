@@ -1,0 +1,1 @@
+"""Routing: pure, synchronous decisions about where a request runs."""
