@@ -1,0 +1,144 @@
+"""What happens to limits when Redis is unreachable: `on_store_error` from the policy.
+
+`fail_closed` rejects while the store is down; `fail_open` decides locally with
+this replica's share of every limit (`limit // replicas`), so N replicas
+together still admit about the global limit. Either way, once one call has
+failed no request touches Redis until a background probe (a PING every
+`probe_interval_s`, bounded by the client's timeouts) sees it answer again, so
+no request waits on a dead Redis. The outage is logged once when it starts and
+once when it ends, and counted.
+
+Settlements that could not reach Redis, and the spend of requests admitted
+locally, are kept in a bounded queue and replayed into the Redis ledger when
+it returns, so budgets stay right across short outages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+from gateway.limits.memory import MemoryStore
+from gateway.limits.redis_store import RedisStore
+from gateway.limits.store import (
+    BudgetLimits,
+    Charge,
+    Decision,
+    Reservation,
+    Scope,
+    StoreName,
+    StoreUnavailable,
+    TenantUsage,
+)
+
+log = logging.getLogger("routegate.limits")
+
+OnStoreError = Literal["fail_open", "fail_closed"]
+MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
+
+
+class FailoverStore:
+    name: StoreName = "redis"
+
+    def __init__(self, primary: RedisStore, *, on_error: OnStoreError = "fail_open",
+                 replicas: int = 1, probe_interval_s: float = 1.0) -> None:
+        self.primary = primary
+        self.fallback = MemoryStore(name="fallback", share=replicas)
+        self.on_error = on_error
+        self.probe_interval_s = probe_interval_s
+        self.healthy = True
+        self.outages = 0  # outages seen since start
+        self.fallback_admissions = 0  # admissions decided locally (fail_open)
+        self.rejected_unavailable = 0  # admissions refused (fail_closed)
+        self.lost_settlements = 0  # dropped from a full replay queue
+        self._down_since = 0.0
+        self._unsettled: deque[tuple[Reservation, int, Charge, float]] = deque()
+        self._probe: asyncio.Task[None] | None = None
+
+    async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
+                    budget: BudgetLimits, now: float, request_id: str) -> Decision:
+        if self.healthy:
+            try:
+                return await self.primary.admit(tenant, scopes, tokens, budget, now, request_id)
+            except StoreUnavailable as exc:
+                self._mark_down(exc)
+        if self.on_error == "fail_closed":
+            self.rejected_unavailable += 1
+            raise StoreUnavailable("the rate limit store is unavailable")
+        self.fallback_admissions += 1
+        return await self.fallback.admit(tenant, scopes, tokens, budget, now, request_id)
+
+    async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
+                     now: float) -> None:
+        if reservation.store == "fallback":
+            await self.fallback.settle(reservation, actual_tokens, charge, now)
+            # its spend belongs in the shared ledger too; no Redis window holds it
+            self._defer(replace(reservation, scopes=()), actual_tokens, charge, now)
+            return
+        if self.healthy:
+            try:
+                await self.primary.settle(reservation, actual_tokens, charge, now)
+                return
+            except StoreUnavailable as exc:
+                self._mark_down(exc)
+        self._defer(reservation, actual_tokens, charge, now)
+
+    async def usage(self, tenant: str, now: float) -> TenantUsage:
+        return await self.primary.usage(tenant, now)
+
+    async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        await self.primary.aclose()
+
+    def _defer(self, reservation: Reservation, actual_tokens: int, charge: Charge,
+               now: float) -> None:
+        if len(self._unsettled) >= MAX_UNSETTLED:
+            self._unsettled.popleft()
+            self.lost_settlements += 1
+        self._unsettled.append((reservation, actual_tokens, charge, now))
+        if self.healthy:  # a local admission settled after Redis came back
+            self._start_probe()
+
+    def _mark_down(self, exc: StoreUnavailable) -> None:
+        if not self.healthy:
+            return
+        self.healthy = False
+        self.outages += 1
+        self._down_since = time.monotonic()
+        action = (f"deciding locally with 1/{self.fallback.share} of each limit"
+                  if self.on_error == "fail_open" else "rejecting requests")
+        log.warning("rate limit store unavailable, %s until it answers: %s", action, exc)
+        self._start_probe()
+
+    def _start_probe(self) -> None:
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Probe until Redis answers, replay what it missed, then switch back to it."""
+        while True:
+            if not self.healthy:
+                await asyncio.sleep(self.probe_interval_s)
+            try:
+                await self.primary.ping()
+                while self._unsettled:
+                    reservation, actual_tokens, charge, at = self._unsettled[0]
+                    await self.primary.settle(reservation, actual_tokens, charge, at)
+                    self._unsettled.popleft()
+            except StoreUnavailable as exc:
+                self._mark_down(exc)
+                continue
+            if not self.healthy:
+                log.warning("rate limit store is back after %.1f s; using it again",
+                            time.monotonic() - self._down_since)
+                self.healthy = True
+            return

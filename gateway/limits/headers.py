@@ -1,0 +1,83 @@
+"""OpenAI's rate-limit headers and 429 messages, from the window states of a decision.
+
+OpenAI sends, on every response:
+  x-ratelimit-limit-requests: 60          x-ratelimit-limit-tokens: 150000
+  x-ratelimit-remaining-requests: 59      x-ratelimit-remaining-tokens: 149984
+  x-ratelimit-reset-requests: 1s          x-ratelimit-reset-tokens: 6m0s
+Durations use Go's format (`120ms`, `1.5s`, `6m0s`, `1h0m0s`). With several
+scopes (tenant, key, route) the headers describe the tightest one: the scope
+with the fewest remaining. "reset" is when capacity next returns: the moment
+the oldest entry of that scope's sliding window leaves it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from gateway.limits.store import WINDOW_S, Rejection, ScopeState
+
+
+def go_duration(seconds: float) -> str:
+    """`0.12` → `120ms`, `1.5` → `1.5s`, `360` → `6m0s` (rounded up to the millisecond)."""
+    ms = max(0, math.ceil(seconds * 1000 - 1e-6))
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = str(rest // 1000) if rest % 1000 == 0 else f"{rest / 1000:.3f}".rstrip("0")
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _reset_s(state: ScopeState, now: float) -> float:
+    return 0.0 if state.oldest_at is None else max(0.0, state.oldest_at + WINDOW_S - now)
+
+
+def rate_limit_headers(states: Iterable[ScopeState], now: float) -> dict[str, str]:
+    """The six `x-ratelimit-*` headers (a trio is left out when no scope limits it)."""
+    requests: tuple[int, int, float] | None = None  # (limit, remaining, reset_s)
+    tokens: tuple[int, int, float] | None = None
+    for state in states:
+        rpm, tpm = state.scope.requests_per_minute, state.scope.tokens_per_minute
+        if rpm is not None:
+            remaining = max(0, rpm - state.requests)
+            if requests is None or remaining < requests[1]:
+                requests = (rpm, remaining, _reset_s(state, now))
+        if tpm is not None:
+            remaining = max(0, tpm - state.tokens)
+            if tokens is None or remaining < tokens[1]:
+                tokens = (tpm, remaining, _reset_s(state, now))
+    headers: dict[str, str] = {}
+    for name, trio in (("requests", requests), ("tokens", tokens)):
+        if trio is not None:
+            headers[f"x-ratelimit-limit-{name}"] = str(trio[0])
+            headers[f"x-ratelimit-remaining-{name}"] = str(trio[1])
+            headers[f"x-ratelimit-reset-{name}"] = go_duration(trio[2])
+    return headers
+
+
+def retry_headers(retry_after_s: float, *, should_retry: bool = True) -> dict[str, str]:
+    """`Retry-After` (whole seconds, rounded up) and the SDKs' `retry-after-ms`."""
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s))),
+               "retry-after-ms": str(max(1, math.ceil(retry_after_s * 1000)))}
+    if not should_retry:
+        headers["x-should-retry"] = "false"  # the OpenAI SDKs honour it
+    return headers
+
+
+def rate_limit_message(rejection: Rejection, subject: str) -> str:
+    """OpenAI's wording, e.g. `Rate limit reached for acme on requests per min (RPM): ...`."""
+    unit = "requests per min (RPM)" if rejection.kind == "requests" else "tokens per min (TPM)"
+    if rejection.retry_after_s is None:
+        return (f"Request too large for {subject} on {unit}: Limit {rejection.limit}, "
+                f"Requested {rejection.requested}. The input or output tokens must be "
+                "reduced in order to run successfully.")
+    return (f"Rate limit reached for {subject} on {unit}: Limit {rejection.limit}, "
+            f"Used {rejection.used}, Requested {rejection.requested}. "
+            f"Please try again in {go_duration(rejection.retry_after_s)}.")

@@ -1,0 +1,87 @@
+"""Spend ledger arithmetic: budget periods, prices and micro-dollar costs.
+
+Money is integer micro-dollars everywhere in accounting (1 USD = 1_000_000).
+A price in USD per million tokens is, conveniently, exactly micro-dollars per
+token, so `cost = tokens × usd_per_mtok` needs no scaling; it is rounded once,
+per request, to a whole micro-dollar.
+
+Budget periods are calendar periods in UTC: a day resets at 00:00 UTC, a month
+on the 1st at 00:00 UTC. The stores keep one counter set per tenant per period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from policies.schema import Backend, Budget, ModelSpec
+
+MICROS_PER_USD = 1_000_000
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Periods:
+    day: str  # "2026-11-29"
+    month: str  # "2026-11"
+    day_resets_at: float  # epoch seconds of the next 00:00 UTC
+    month_resets_at: float  # epoch seconds of the next 1st, 00:00 UTC
+
+
+def periods_at(now: float) -> Periods:
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    day_start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if moment.month == 12:
+        next_month = day_start.replace(year=moment.year + 1, month=1, day=1)
+    else:
+        next_month = day_start.replace(month=moment.month + 1, day=1)
+    return Periods(
+        day=moment.strftime("%Y-%m-%d"),
+        month=moment.strftime("%Y-%m"),
+        day_resets_at=(day_start + timedelta(days=1)).timestamp(),
+        month_resets_at=next_month.timestamp(),
+    )
+
+
+def usd_to_micros(usd: float | None) -> int | None:
+    return None if usd is None else round(usd * MICROS_PER_USD)
+
+
+def budget_micros(budget: Budget) -> tuple[int | None, int | None]:
+    """(per day, per month) ceilings of a policy `Budget`, in micro-dollars."""
+    return usd_to_micros(budget.usd_per_day), usd_to_micros(budget.usd_per_month)
+
+
+def amortised_usd_per_mtok(gpu_hour_usd: float, tokens_per_s: float) -> float:
+    """A dedicated backend's price per million tokens at a measured throughput."""
+    if tokens_per_s <= 0:
+        return 0.0
+    return gpu_hour_usd / (tokens_per_s * SECONDS_PER_HOUR) * MICROS_PER_USD
+
+
+def cost_micros(backend: Backend, spec: ModelSpec, input_tokens: int, output_tokens: int, *,
+                amortised_price_usd_per_mtok: float | None = None,
+                measured_tokens_per_s: float | None = None) -> int:
+    """What one request cost, in micro-dollars.
+
+    Shared backends charge their per-token prices. A dedicated backend costs its
+    GPU hour spread over the tokens it serves: the amortised price routing
+    computed (preferred: it is what the decision was based on), else the GPU-hour
+    price over a measured throughput, else its declared per-token prices.
+    """
+    if backend.deployment == "dedicated":
+        price = amortised_price_usd_per_mtok
+        if price is None and backend.gpu_hour_usd is not None and measured_tokens_per_s:
+            price = amortised_usd_per_mtok(backend.gpu_hour_usd, measured_tokens_per_s)
+        if price is not None:
+            return round((input_tokens + output_tokens) * price)
+    return round(input_tokens * spec.input_usd_per_mtok
+                 + output_tokens * spec.output_usd_per_mtok)
+
+
+def remaining_budget_micros(day_limit: int | None, month_limit: int | None,
+                            spent_day: int, spent_month: int) -> int | None:
+    """What the tenant may still spend before a budget stops it (None: unlimited)."""
+    remaining = [limit - spent for limit, spent in
+                 ((day_limit, spent_day), (month_limit, spent_month)) if limit is not None]
+    return max(0, min(remaining)) if remaining else None

@@ -1,0 +1,174 @@
+"""In-process limit store: the embedded default, and the fail-open fallback.
+
+The sliding-window log (see `store.py`) as a deque per scope. One event loop
+owns it and no call awaits between check and reserve, so each admission is
+atomic without a lock. Memory is bounded: a scope holds at most one entry per
+request admitted in the last minute, and the ledger keeps only the current day
+and month per tenant.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gateway.limits.ledger import periods_at
+from gateway.limits.store import (
+    WINDOW_S,
+    BudgetLimits,
+    Charge,
+    Decision,
+    PeriodUsage,
+    Rejection,
+    Reservation,
+    Scope,
+    ScopeState,
+    StoreName,
+    TenantUsage,
+)
+
+
+class _Entry:
+    __slots__ = ("at", "live", "tokens")
+
+    def __init__(self, at: float, tokens: int) -> None:
+        self.at = at
+        self.tokens = tokens
+        self.live = True  # False once it has aged out of its window
+
+
+class _Window:
+    __slots__ = ("entries", "tokens")
+
+    def __init__(self) -> None:
+        self.entries: deque[_Entry] = deque()
+        self.tokens = 0
+
+    def expire(self, cutoff: float) -> None:
+        entries = self.entries
+        while entries and entries[0].at <= cutoff:
+            entry = entries.popleft()
+            entry.live = False
+            self.tokens -= entry.tokens
+
+    def tokens_retry_after(self, needed: int, limit: int, now: float) -> float:
+        """Seconds until enough old entries leave for `needed` more tokens to fit."""
+        excess = self.tokens + needed - limit
+        for entry in self.entries:
+            excess -= entry.tokens
+            if excess <= 0:
+                return max(0.0, entry.at + WINDOW_S - now)
+        return WINDOW_S
+
+
+class MemoryStore:
+    """Limits and spend for one process; `share` divides every limit (fail-open)."""
+
+    def __init__(self, *, name: StoreName = "memory", share: int = 1) -> None:
+        self.name: StoreName = name
+        self.share = share  # every limit is divided by it
+        self._windows: dict[tuple[str, str], _Window] = {}
+        # reservation id → its entry in each scope, dropped at settlement
+        self._pending: dict[str, list[tuple[_Window, _Entry]]] = {}
+        self._ledger: dict[str, tuple[PeriodUsage, PeriodUsage]] = {}
+
+    def _scaled(self, limit: int | None) -> int | None:
+        if limit is None or self.share == 1:
+            return limit
+        return max(1, limit // self.share)
+
+    def admit_now(self, tenant: str, scopes: Sequence[Scope], tokens: int,
+                  budget: BudgetLimits, now: float, request_id: str) -> Decision:
+        """The synchronous admission (`admit` without the coroutine, for benchmarks)."""
+        day, month = self._periods(tenant, now)
+        if budget.day_micros is not None and day.spend_micros >= budget.day_micros:
+            return self._over_budget("budget_day", budget.day_micros, day, month, scopes)
+        if budget.month_micros is not None and month.spend_micros >= budget.month_micros:
+            return self._over_budget("budget_month", budget.month_micros, day, month, scopes)
+
+        cutoff = now - WINDOW_S
+        windows: list[_Window] = []
+        rejection: Rejection | None = None
+        for scope in scopes:
+            window = self._windows.get((tenant, scope.key))
+            if window is None:
+                window = self._windows[(tenant, scope.key)] = _Window()
+            window.expire(cutoff)
+            windows.append(window)
+            if rejection is not None:
+                continue
+            rpm = self._scaled(scope.requests_per_minute)
+            tpm = self._scaled(scope.tokens_per_minute)
+            count = len(window.entries)
+            if rpm is not None and count + 1 > rpm:
+                rejection = Rejection("requests", scope, rpm, count, 1,
+                                      max(0.0, window.entries[0].at + WINDOW_S - now)
+                                      if window.entries else WINDOW_S)
+            elif tpm is not None and window.tokens + tokens > tpm:
+                rejection = Rejection("tokens", scope, tpm, window.tokens, tokens,
+                                      None if tokens > tpm
+                                      else window.tokens_retry_after(tokens, tpm, now))
+        if rejection is None:
+            placed = []
+            for window in windows:
+                entry = _Entry(now, tokens)
+                window.entries.append(entry)
+                window.tokens += tokens
+                placed.append((window, entry))
+            self._pending[request_id] = placed
+        states = tuple(
+            ScopeState(scope, len(window.entries), window.tokens,
+                       window.entries[0].at if window.entries else None)
+            for scope, window in zip(scopes, windows, strict=True)
+        )
+        reservation = None if rejection else Reservation(
+            request_id, tenant, tuple(scopes), tokens, now, self.name)
+        return Decision(reservation, rejection, states, day.spend_micros, month.spend_micros)
+
+    async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
+                    budget: BudgetLimits, now: float, request_id: str) -> Decision:
+        return self.admit_now(tenant, scopes, tokens, budget, now, request_id)
+
+    async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
+                     now: float) -> None:
+        delta = actual_tokens - reservation.tokens
+        cutoff = now - WINDOW_S
+        for window, entry in self._pending.pop(reservation.id, ()):
+            window.expire(cutoff)
+            if entry.live:
+                entry.tokens += delta
+                window.tokens += delta
+            elif delta > 0:  # aged out before the usage was known: charge it now
+                window.entries.append(_Entry(now, delta))
+                window.tokens += delta
+        for period in self._periods(reservation.tenant, now):
+            period.requests += 1
+            period.input_tokens += charge.input_tokens
+            period.output_tokens += charge.output_tokens
+            period.spend_micros += charge.cost_micros
+
+    async def usage(self, tenant: str, now: float) -> TenantUsage:
+        day, month = self._periods(tenant, now)
+        return TenantUsage(tenant, replace(day), replace(month))
+
+    async def aclose(self) -> None:
+        return None
+
+    def _periods(self, tenant: str, now: float) -> tuple[PeriodUsage, PeriodUsage]:
+        periods = periods_at(now)
+        current = self._ledger.get(tenant)
+        if current is None or current[0].period != periods.day:
+            # a new day (and maybe month): older periods are dropped, keeping memory bounded
+            month = (current[1] if current is not None and current[1].period == periods.month
+                     else PeriodUsage(periods.month))
+            current = self._ledger[tenant] = (PeriodUsage(periods.day), month)
+        return current
+
+    def _over_budget(self, kind: str, limit: int, day: PeriodUsage, month: PeriodUsage,
+                     scopes: Sequence[Scope]) -> Decision:
+        used = day.spend_micros if kind == "budget_day" else month.spend_micros
+        rejection = Rejection("budget_day" if kind == "budget_day" else "budget_month",
+                              None, limit, used, 0, None)
+        return Decision(None, rejection, (), day.spend_micros, month.spend_micros)
+

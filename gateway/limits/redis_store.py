@@ -1,0 +1,161 @@
+"""Limit store in Redis: one global limit for any number of gateway replicas.
+
+Each admission is one EVALSHA of `admit.lua` (redis-py's `Script` reloads it on
+NOSCRIPT, e.g. after a Redis restart), each settlement one EVALSHA of
+`settle.lua`. Every key of one tenant carries the hash tag `{tenant}`, so the
+multi-key scripts also run on Redis Cluster (all keys land in one slot).
+Window keys expire a minute after their last write and ledger keys after their
+period, so idle tenants cost nothing.
+
+Time is the caller's `now`, sent as an argument: replicas need synchronised
+clocks (NTP), and a few milliseconds of skew only shift a 60 s window by as
+much. Every call is bounded by `op_timeout_s`; any Redis failure surfaces as
+`StoreUnavailable`, which the fail-open wrapper (`failover.py`) turns into a
+local decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from importlib.resources import files
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.limits.ledger import periods_at
+from gateway.limits.store import (
+    WINDOW_S,
+    BudgetLimits,
+    Charge,
+    Decision,
+    LimitKind,
+    PeriodUsage,
+    Rejection,
+    Reservation,
+    Scope,
+    ScopeState,
+    StoreName,
+    StoreUnavailable,
+    TenantUsage,
+)
+
+WINDOW_MS = int(WINDOW_S * 1000)
+SCOPE_TTL_MS = 2 * WINDOW_MS  # a window key outlives its newest entry by a minute
+DAY_TTL_MS = 2 * 86_400_000  # the day's counters outlive the day, for late reads
+MONTH_TTL_MS = 62 * 86_400_000
+
+
+def _script(name: str) -> str:
+    return files("gateway.limits").joinpath(name).read_text(encoding="utf-8")
+
+
+def connect(url: str, *, socket_timeout_s: float = 0.25, max_connections: int = 64,
+            pool_wait_s: float = 0.5) -> aioredis.Redis:
+    """A client that fails fast: short socket timeouts, no retries, a bounded pool."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=pool_wait_s,
+        socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+def _scope_keys(tenant: str, scopes: Sequence[Scope]) -> list[str]:
+    keys = []
+    for scope in scopes:
+        keys.append(f"rg:{{{tenant}}}:w:{scope.key}:log")
+        keys.append(f"rg:{{{tenant}}}:w:{scope.key}:tok")
+    return keys
+
+
+def _ledger_keys(tenant: str, now: float) -> list[str]:
+    periods = periods_at(now)
+    return [f"rg:{{{tenant}}}:spend:d:{periods.day}", f"rg:{{{tenant}}}:spend:m:{periods.month}"]
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _seconds(ms: int) -> float | None:
+    return None if ms < 0 else ms / 1000.0
+
+
+class RedisStore:
+    name: StoreName = "redis"
+
+    def __init__(self, client: aioredis.Redis, *, op_timeout_s: float = 0.5) -> None:
+        self.client = client
+        self._op_timeout_s = op_timeout_s
+        self._admit = client.register_script(_script("admit.lua"))
+        self._settle = client.register_script(_script("settle.lua"))
+
+    async def _call(self, coro: Any) -> Any:
+        try:
+            async with asyncio.timeout(self._op_timeout_s):
+                return await coro
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._call(self.client.ping())
+
+    async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
+                    budget: BudgetLimits, now: float, request_id: str) -> Decision:
+        now_ms = int(now * 1000)
+        args: list[int | str] = [now_ms, WINDOW_MS, request_id, tokens,
+                                 _limit(budget.day_micros), _limit(budget.month_micros)]
+        for scope in scopes:
+            args += [_limit(scope.requests_per_minute), _limit(scope.tokens_per_minute)]
+        args.append(SCOPE_TTL_MS)
+        keys = _scope_keys(tenant, scopes) + _ledger_keys(tenant, now)
+        reply = await self._call(self._admit(keys=keys, args=args))
+        verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        which, limit, used, requested, retry_ms, spent_day, spent_month = (
+            int(value) for value in reply[1:8])
+        states = tuple(
+            ScopeState(scope, int(reply[8 + 3 * i]), int(reply[9 + 3 * i]),
+                       _seconds(int(reply[10 + 3 * i])))
+            for i, scope in enumerate(scopes)
+        ) if len(reply) > 8 else ()
+        if verdict == "ok":
+            reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name)
+            return Decision(reservation, None, states, spent_day, spent_month)
+        kind: LimitKind = verdict  # type: ignore[assignment]  # the script's verdicts
+        rejected_scope = scopes[which - 1] if which > 0 else None
+        rejection = Rejection(kind, rejected_scope, limit, used, requested, _seconds(retry_ms))
+        return Decision(None, rejection, states, spent_day, spent_month)
+
+    async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
+                     now: float) -> None:
+        keys = (_scope_keys(reservation.tenant, reservation.scopes)
+                + _ledger_keys(reservation.tenant, now))
+        args: list[int | str] = [
+            int(now * 1000), WINDOW_MS, reservation.id, actual_tokens - reservation.tokens,
+            charge.input_tokens, charge.output_tokens, charge.cost_micros,
+            SCOPE_TTL_MS, DAY_TTL_MS, MONTH_TTL_MS]
+        await self._call(self._settle(keys=keys, args=args))
+
+    async def usage(self, tenant: str, now: float) -> TenantUsage:
+        day_key, month_key = _ledger_keys(tenant, now)
+        periods = periods_at(now)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(day_key)
+        pipe.hgetall(month_key)
+        day, month = await self._call(pipe.execute())
+        return TenantUsage(tenant, _period(periods.day, day), _period(periods.month, month))
+
+    async def aclose(self) -> None:
+        await self.client.aclose(close_connection_pool=True)
+
+
+def _period(name: str, raw: dict[bytes, bytes]) -> PeriodUsage:
+    def get(field: str) -> int:
+        return int(raw.get(field.encode(), b"0"))
+
+    return PeriodUsage(name, get("requests"), get("input_tokens"), get("output_tokens"),
+                       get("spend_micros"))

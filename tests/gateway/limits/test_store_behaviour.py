@@ -1,0 +1,154 @@
+"""One behavioural suite, run against every store (memory and a real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from gateway.limits.store import WINDOW_S, BudgetLimits, Charge, LimitStore, Scope
+
+T0 = 1_764_400_000.0  # 2025-11-29 07:06:40 UTC, mid-day so no period boundary nearby
+NO_BUDGET = BudgetLimits()
+ids = (f"r{n}" for n in itertools.count())
+
+
+def rpm(limit: int) -> tuple[Scope, ...]:
+    return (Scope("tenant", limit, None),)
+
+
+def tpm(limit: int) -> tuple[Scope, ...]:
+    return (Scope("tenant", None, limit),)
+
+
+async def admit(store: LimitStore, scopes: tuple[Scope, ...], now: float, tokens: int = 1,
+                tenant: str = "acme", budget: BudgetLimits = NO_BUDGET):
+    return await store.admit(tenant, scopes, tokens, budget, now, next(ids))
+
+
+async def test_admits_up_to_the_request_limit_then_rejects_naming_requests(store):
+    decisions = [await admit(store, rpm(3), T0 + i) for i in range(4)]
+    assert [d.admitted for d in decisions] == [True, True, True, False]
+    rejection = decisions[3].rejection
+    assert rejection.kind == "requests" and rejection.limit == 3 and rejection.used == 3
+
+
+async def test_exactly_the_limit_is_admitted_out_of_three_times_as_many_concurrent(store):
+    decisions = await asyncio.gather(*(admit(store, rpm(100), T0) for _ in range(300)))
+    assert sum(d.admitted for d in decisions) == 100
+
+
+async def test_a_slot_returns_when_the_oldest_request_leaves_the_window(store):
+    await admit(store, rpm(2), T0)
+    await admit(store, rpm(2), T0 + 10)
+    rejected = await admit(store, rpm(2), T0 + 30)
+    assert rejected.rejection.retry_after_s == pytest.approx(30.0)
+    assert not (await admit(store, rpm(2), T0 + WINDOW_S - 0.01)).admitted
+    assert (await admit(store, rpm(2), T0 + WINDOW_S + 0.01)).admitted
+
+
+async def test_tokens_are_reserved_and_the_limit_names_tokens(store):
+    assert (await admit(store, tpm(1000), T0, tokens=600)).admitted
+    rejected = await admit(store, tpm(1000), T0 + 5, tokens=500)
+    assert rejected.rejection.kind == "tokens"
+    assert rejected.rejection.used == 600 and rejected.rejection.requested == 500
+    assert rejected.rejection.retry_after_s == pytest.approx(55.0)
+    assert (await admit(store, tpm(1000), T0 + 5, tokens=400)).admitted
+
+
+async def test_a_request_larger_than_the_token_limit_never_fits(store):
+    rejected = await admit(store, tpm(1000), T0, tokens=1001)
+    assert rejected.rejection.kind == "tokens" and rejected.rejection.retry_after_s is None
+
+
+async def test_exactly_the_token_limit_is_admitted_out_of_concurrent_requests(store):
+    decisions = await asyncio.gather(*(admit(store, tpm(10_000), T0, tokens=100)
+                                       for _ in range(300)))
+    assert sum(d.admitted for d in decisions) == 100
+
+
+async def test_a_rejection_in_one_scope_reserves_nothing_in_the_others(store):
+    scopes = (Scope("tenant", 10, None), Scope("key:abc", 1, None))
+    assert (await admit(store, scopes, T0)).admitted
+    rejected = await admit(store, scopes, T0 + 1)
+    assert rejected.rejection.scope.key == "key:abc"
+    tenant_state = rejected.states[0]
+    assert tenant_state.requests == 1  # the rejected request left no entry
+
+
+async def test_settling_refunds_the_unused_part_of_the_estimate(store):
+    decision = await admit(store, tpm(1000), T0, tokens=900)
+    await store.settle(decision.reservation, 10, Charge(), T0 + 1)
+    after = await admit(store, tpm(1000), T0 + 2, tokens=900)
+    assert after.admitted and after.states[0].tokens == 910
+
+
+async def test_settling_charges_usage_beyond_the_estimate(store):
+    decision = await admit(store, tpm(1000), T0, tokens=100)
+    await store.settle(decision.reservation, 700, Charge(), T0 + 1)
+    rejected = await admit(store, tpm(1000), T0 + 2, tokens=400)
+    assert rejected.rejection.used == 700
+
+
+async def test_extra_usage_settled_after_the_window_is_charged_when_it_arrives(store):
+    decision = await admit(store, tpm(1000), T0, tokens=100)
+    await store.settle(decision.reservation, 600, Charge(), T0 + 90)
+    rejected = await admit(store, tpm(1000), T0 + 91, tokens=600)
+    assert rejected.rejection.used == 500
+
+
+async def test_tenants_have_separate_windows(store):
+    assert (await admit(store, rpm(1), T0, tenant="acme")).admitted
+    assert (await admit(store, rpm(1), T0, tenant="globex")).admitted
+    assert not (await admit(store, rpm(1), T0, tenant="acme")).admitted
+
+
+async def test_states_report_usage_and_the_oldest_entry(store):
+    await admit(store, (Scope("tenant", 10, 1000),), T0, tokens=100)
+    decision = await admit(store, (Scope("tenant", 10, 1000),), T0 + 5, tokens=50)
+    state = decision.states[0]
+    assert (state.requests, state.tokens) == (2, 150)
+    assert state.oldest_at == pytest.approx(T0)
+
+
+async def test_the_ledger_counts_requests_tokens_and_spend_per_day_and_month(store):
+    for cost in (1500, 2500):
+        decision = await admit(store, rpm(10), T0)
+        await store.settle(decision.reservation, 30, Charge(10, 20, cost), T0 + 1)
+    usage = await store.usage("acme", T0 + 2)
+    assert (usage.day.requests, usage.day.input_tokens, usage.day.output_tokens) == (2, 20, 40)
+    assert usage.day.spend_micros == usage.month.spend_micros == 4000
+    assert usage.day.period == "2025-11-29" and usage.month.period == "2025-11"
+
+
+async def test_a_new_day_starts_a_new_daily_total_but_not_a_new_month(store):
+    decision = await admit(store, rpm(10), T0)
+    await store.settle(decision.reservation, 1, Charge(1, 0, 700), T0)
+    usage = await store.usage("acme", T0 + 86_400)
+    assert usage.day.spend_micros == 0 and usage.month.spend_micros == 700
+
+
+async def test_a_spent_daily_budget_rejects_naming_the_day(store):
+    budget = BudgetLimits(day_micros=1000, month_micros=100_000)
+    decision = await admit(store, rpm(10), T0, budget=budget)
+    assert decision.admitted
+    await store.settle(decision.reservation, 1, Charge(1, 0, 1000), T0)
+    rejected = await admit(store, rpm(10), T0 + 1, budget=budget)
+    assert rejected.rejection.kind == "budget_day"
+    assert rejected.rejection.used == 1000 and rejected.rejection.limit == 1000
+
+
+async def test_a_spent_monthly_budget_rejects_even_on_a_new_day(store):
+    budget = BudgetLimits(month_micros=1000)
+    decision = await admit(store, rpm(10), T0, budget=budget)
+    await store.settle(decision.reservation, 1, Charge(1, 0, 1200), T0)
+    rejected = await admit(store, rpm(10), T0 + 86_400, budget=budget)
+    assert rejected.rejection.kind == "budget_month"
+
+
+async def test_an_admission_reports_what_was_spent_so_far(store):
+    decision = await admit(store, rpm(10), T0)
+    await store.settle(decision.reservation, 1, Charge(1, 0, 250), T0)
+    after = await admit(store, rpm(10), T0 + 1)
+    assert (after.spent_day_micros, after.spent_month_micros) == (250, 250)
