@@ -1,55 +1,31 @@
 """YAML policy file → runtime `Policy`.
 
-Phase one parses and validates the file models (`schema.py`); phase two resolves
-what the gateway needs at request time into plain lookups, once, so the hot path
-never walks the file models.
+Phase one composes the YAML (keeping every value's line and column), resolves
+`${VAR}` references and validates the file models (`schema.py`); phase two runs
+the cross-field checks (`checks.py`) and resolves what the gateway needs at
+request time into plain lookups, once, so the hot path never walks the file
+models. Every problem found is reported together in one `PolicyError`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from policies.checks import check
+from policies.errors import PolicyError, PolicyIssue
+from policies.hints import did_you_mean, field_names_at, literal_values_at
+from policies.locate import LocatedDocument, Place, render_path
 from policies.schema import Backend, ModelSpec, PolicyFile, Route
 
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+)([^}]*))?\}")
-
-
-class PolicyError(Exception):
-    """A policy file that cannot be used; `str()` names file, line and field."""
-
-    def __init__(self, message: str, *, source: str = "<policy>", line: int | None = None,
-                 column: int | None = None, field_path: str | None = None,
-                 hint: str | None = None) -> None:
-        self.message = message
-        self.source = source
-        self.line = line
-        self.column = column
-        self.field_path = field_path
-        self.hint = hint
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        where = self.source
-        if self.line is not None:
-            where += f":{self.line}"
-            if self.column is not None:
-                where += f":{self.column}"
-        text = f"{where}: "
-        if self.field_path:
-            text += f"{self.field_path}: "
-        text += self.message
-        if self.hint:
-            text += f" (hint: {self.hint})"
-        return text
+__all__ = ["ModelTarget", "Policy", "PolicyError", "PolicyIssue", "build", "load", "loads",
+           "parse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +49,7 @@ class Policy:
     routes: Mapping[str, Route]  # targets on disabled backends removed
     tenant_by_key_hash: Mapping[str, str]  # "sha256:…" → tenant name
     admin_key_hashes: frozenset[str]
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[PolicyIssue, ...] = field(default=())
 
     def resolve_model(self, requested: str) -> str | None:
         """The route name or target key a client's `model` names, or None."""
@@ -82,97 +58,102 @@ class Policy:
         return None
 
 
-def interpolate(text: str, environ: Mapping[str, str], source: str = "<policy>") -> str:
-    """Replace `${VAR}`, `${VAR:-default}` and `${VAR:+word}` (shell semantics)."""
+def _issue_from_pydantic(error: Any, document: LocatedDocument) -> PolicyIssue:
+    loc: tuple[str | int, ...] = tuple(error["loc"])
+    kind = error["type"]
+    hint = None
+    if kind == "extra_forbidden":
+        place = document.place(loc, at_key=True)
+        message = f"unknown key `{loc[-1]}`"
+        hint = did_you_mean(str(loc[-1]), field_names_at(PolicyFile, loc[:-1]))
+    elif kind == "missing":
+        place = document.place(loc, missing=True)
+        message = f"`{loc[-1]}` is required"
+    else:
+        place = document.place(loc)
+        message = error["msg"].removeprefix("Value error, ")
+        if kind == "literal_error" and isinstance(error.get("input"), str):
+            # Only enum values are echoed back: they are never secrets.
+            hint = did_you_mean(error["input"], literal_values_at(PolicyFile, loc))
+    return PolicyIssue(message, document.source, place.line, place.column, place.field_path,
+                       hint)
 
-    def substitute(match: re.Match[str]) -> str:
-        name, operator, argument = match.group(1), match.group(2), match.group(3)
-        value = environ.get(name)
-        if operator == ":-":
-            return value if value else (argument or "")
-        if operator == ":+":
-            return (argument or "") if value else ""
-        if value is None:
-            line = text.count("\n", 0, match.start()) + 1
-            raise PolicyError(
-                f"environment variable {name} is not set",
-                source=source, line=line,
-                hint=f"set {name}, or write ${{{name}:-default}}",
-            )
-        return value
 
-    return _ENV_REFERENCE.sub(substitute, text)
+def _parse(text: str, source: str, environ: Mapping[str, str]
+           ) -> tuple[PolicyFile, LocatedDocument]:
+    document, issues = LocatedDocument.compose(text, source=source, environ=environ)
+    if document is None:
+        raise PolicyError(issues=issues)
+    data = document.data()
+    if not isinstance(data, dict):
+        raise PolicyError(issues=[*issues, PolicyIssue(
+            "the policy must be a YAML mapping (`version: 1`, `backends: …`)", source,
+            document.root.start_mark.line + 1, document.root.start_mark.column + 1)])
+    try:
+        policy_file = PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        issues += [_issue_from_pydantic(error, document) for error in exc.errors()]
+    if issues:
+        raise PolicyError(issues=sorted(issues, key=_file_order))
+    return policy_file, document
+
+
+def _file_order(issue: PolicyIssue) -> tuple[int, int]:
+    return (issue.line or 0, issue.column or 0)
 
 
 def parse(text: str, *, source: str = "<policy>",
           environ: Mapping[str, str] | None = None) -> PolicyFile:
     """Validate policy YAML text into file models (no cross-field checks)."""
-    resolved = interpolate(text, os.environ if environ is None else environ, source)
-    try:
-        data: Any = yaml.safe_load(resolved)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise PolicyError(
-            f"not valid YAML: {getattr(exc, 'problem', exc)}", source=source,
-            line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None,
-        ) from exc
-    if not isinstance(data, dict):
-        raise PolicyError("the policy must be a YAML mapping", source=source)
-    try:
-        return PolicyFile.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(str(part) for part in first["loc"])
-        raise PolicyError(first["msg"], source=source, field_path=path) from exc
+    return _parse(text, source, os.environ if environ is None else environ)[0]
 
 
-def build(policy_file: PolicyFile, *, source: str = "<policy>", digest: str = "") -> Policy:
+def build(policy_file: PolicyFile, *, source: str = "<policy>", digest: str = "",
+          document: LocatedDocument | None = None) -> Policy:
     """Cross-field checks and lookups: file models → runtime `Policy`."""
+
+    def locate(path: Sequence[str | int]) -> Place:
+        if document is None:
+            return Place(None, None, render_path(path))
+        return document.place(path)
+
+    found = check(policy_file, locate, source)
+    if found.errors:
+        raise PolicyError(issues=sorted(found.errors, key=_file_order))
+
     targets: dict[str, ModelTarget] = {}
-    all_targets: set[str] = set()
     for backend_name, backend in policy_file.backends.items():
+        if not backend.enabled:
+            continue
         for model_name, spec in backend.models.items():
             key = f"{backend_name}/{model_name}"
-            all_targets.add(key)
-            if backend.enabled:
-                targets[key] = ModelTarget(
-                    key=key, backend_name=backend_name, model_name=model_name,
-                    upstream_name=spec.upstream_name or model_name, backend=backend, spec=spec,
-                )
+            targets[key] = ModelTarget(
+                key=key, backend_name=backend_name, model_name=model_name,
+                upstream_name=spec.upstream_name or model_name, backend=backend, spec=spec,
+            )
 
     routes: dict[str, Route] = {}
     for route_name, route in policy_file.routes.items():
-        for index, target in enumerate(route.targets):
-            if target not in all_targets:
-                raise PolicyError(
-                    f"target {target!r} names no backend model",
-                    source=source, field_path=f"routes.{route_name}.targets[{index}]",
-                )
         live = [target for target in route.targets if target in targets]
-        routes[route_name] = route.model_copy(update={"targets": live}) if live else route
+        if live:  # a route whose every target is disabled is not served (a warning says so)
+            routes[route_name] = route.model_copy(update={"targets": live})
 
-    tenant_by_key_hash: dict[str, str] = {}
-    for tenant_name, tenant in policy_file.tenants.items():
-        for index, key_hash in enumerate(tenant.api_keys):
-            if key_hash in tenant_by_key_hash:
-                raise PolicyError(
-                    f"key hash already belongs to tenant {tenant_by_key_hash[key_hash]!r}",
-                    source=source, field_path=f"tenants.{tenant_name}.api_keys[{index}]",
-                )
-            tenant_by_key_hash[key_hash] = tenant_name
-
+    tenant_by_key_hash = {key_hash: tenant_name
+                          for tenant_name, tenant in policy_file.tenants.items()
+                          for key_hash in tenant.api_keys}
     return Policy(
-        file=policy_file, source=source, version_hash=digest, targets=targets,
-        routes={name: route for name, route in routes.items() if route.targets[0] in targets},
+        file=policy_file, source=source, version_hash=digest, targets=targets, routes=routes,
         tenant_by_key_hash=tenant_by_key_hash,
         admin_key_hashes=frozenset(policy_file.auth.admin_keys),
+        warnings=tuple(sorted(found.warnings, key=_file_order)),
     )
 
 
 def loads(text: str, *, source: str = "<policy>",
           environ: Mapping[str, str] | None = None) -> Policy:
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return build(parse(text, source=source, environ=environ), source=source, digest=digest)
+    policy_file, document = _parse(text, source, os.environ if environ is None else environ)
+    return build(policy_file, source=source, digest=digest, document=document)
 
 
 def load(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Policy:
@@ -181,4 +162,6 @@ def load(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Polic
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"cannot read policy file: {exc.strerror}", source=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"not UTF-8 text (byte {exc.start})", source=str(path)) from exc
     return loads(text, source=str(path), environ=environ)

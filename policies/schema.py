@@ -11,7 +11,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 TARGET_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+/[^/\s]+.*$")
@@ -19,6 +27,27 @@ TARGET_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+/[^/\s]+.*$")
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+def _check_target(target: str) -> str:
+    if not TARGET_PATTERN.match(target):
+        raise ValueError(f"target {target!r} must be written as backend/model")
+    return target
+
+
+def _check_key_hash(key: str) -> str:
+    # The value is not echoed: a plain key pasted here by mistake is a secret.
+    if not KEY_HASH_PATTERN.match(key):
+        raise ValueError(
+            "api_keys hold sha256:<64 hex> hashes, never plain keys "
+            "(make one with `routegate keys hash KEY`)"
+        )
+    return key
+
+
+# Validated one by one, so an error names the list item (`routes.chat.targets[2]`).
+Target = Annotated[str, AfterValidator(_check_target)]
+KeyHash = Annotated[str, AfterValidator(_check_key_hash)]
 
 
 class FileModel(BaseModel):
@@ -97,19 +126,11 @@ class LatencyBudget(FileModel):
 
 
 class Route(FileModel):
-    targets: list[str] = Field(min_length=1)  # "backend/model", in preference order
+    targets: list[Target] = Field(min_length=1)  # "backend/model", in preference order
     objective: Literal["cheapest", "fastest"] = "cheapest"
     latency_budget: LatencyBudget = LatencyBudget()
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
     expected_output_tokens: PositiveInt = 256  # until a running mean exists
-
-    @field_validator("targets")
-    @classmethod
-    def _targets_are_backend_model(cls, targets: list[str]) -> list[str]:
-        for target in targets:
-            if not TARGET_PATTERN.match(target):
-                raise ValueError(f"target {target!r} must be written as backend/model")
-        return targets
 
 
 PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
@@ -158,23 +179,12 @@ Priority = Literal["high", "normal", "low"]
 
 
 class Tenant(FileModel):
-    api_keys: list[str] = []
+    api_keys: list[KeyHash] = []
     tags: list[str] = []
     priority: Priority = "normal"
     limits: Limits | None = None  # None: `defaults.limits`
     key_limits: Limits | None = None  # per API key, inside the tenant's limits
     budget: Budget = Budget()
-
-    @field_validator("api_keys")
-    @classmethod
-    def _keys_are_hashes(cls, keys: list[str]) -> list[str]:
-        for key in keys:
-            if not KEY_HASH_PATTERN.match(key):
-                raise ValueError(
-                    "api_keys hold sha256:<64 hex> hashes, never plain keys "
-                    "(make one with `routegate keys hash KEY`)"
-                )
-        return keys
 
 
 class AnonymousAccess(FileModel):
@@ -185,12 +195,7 @@ class AnonymousAccess(FileModel):
 
 class Auth(FileModel):
     anonymous: AnonymousAccess = AnonymousAccess()
-    admin_keys: list[str] = []  # sha256 hashes, like tenant keys
-
-    @field_validator("admin_keys")
-    @classmethod
-    def _admin_keys_are_hashes(cls, keys: list[str]) -> list[str]:
-        return Tenant._keys_are_hashes(keys)
+    admin_keys: list[KeyHash] = []  # sha256 hashes, like tenant keys
 
 
 class ServerSettings(FileModel):

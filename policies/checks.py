@@ -1,0 +1,149 @@
+"""Cross-field checks: what no single field can know is wrong.
+
+Errors make the file unusable (a route target that names no backend model,
+one key hash on two tenants); warnings load but point at something that is
+probably not what was meant (a tenant tag no rule can match).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+
+from policies.errors import PolicyIssue
+from policies.hints import did_you_mean
+from policies.locate import Place
+from policies.schema import PolicyFile
+
+# Maps a field path to its place in the file (or to no place, for models built in code).
+Locate = Callable[[Sequence[str | int]], Place]
+
+
+class Findings:
+    def __init__(self, locate: Locate, source: str) -> None:
+        self._locate = locate
+        self._source = source
+        self.errors: list[PolicyIssue] = []
+        self.warnings: list[PolicyIssue] = []
+
+    def _issue(self, path: Sequence[str | int], message: str, hint: str | None) -> PolicyIssue:
+        where = self._locate(path)
+        return PolicyIssue(message, self._source, where.line, where.column, where.field_path,
+                           hint)
+
+    def error(self, path: Sequence[str | int], message: str, hint: str | None = None) -> None:
+        self.errors.append(self._issue(path, message, hint))
+
+    def warn(self, path: Sequence[str | int], message: str, hint: str | None = None) -> None:
+        self.warnings.append(self._issue(path, message, hint))
+
+
+def check(policy: PolicyFile, locate: Locate, source: str) -> Findings:
+    found = Findings(locate, source)
+    _check_backends(policy, found)
+    _check_routes(policy, found)
+    _check_keys(policy, found)
+    _check_compliance(policy, found)
+    return found
+
+
+def _check_backends(policy: PolicyFile, found: Findings) -> None:
+    for name, backend in policy.backends.items():
+        if backend.launch is not None and backend.type != "openai":
+            found.error(("backends", name, "launch"),
+                        "`launch` starts a local_backend, which speaks the OpenAI API",
+                        "write `type: openai`")
+        if backend.deployment == "dedicated" and backend.gpu_hour_usd is None:
+            found.warn(("backends", name, "deployment"),
+                       "a dedicated backend without `gpu_hour_usd` is costed as free",
+                       "set gpu_hour_usd (0 when it really costs nothing)")
+        if backend.deployment == "shared" and backend.gpu_hour_usd is not None:
+            found.warn(("backends", name, "gpu_hour_usd"),
+                       "`gpu_hour_usd` is ignored on a shared (pay per token) backend",
+                       "write `deployment: dedicated`, or use input/output_usd_per_mtok")
+
+
+def _check_routes(policy: PolicyFile, found: Findings) -> None:
+    all_targets = [f"{backend_name}/{model}" for backend_name, backend in policy.backends.items()
+                   for model in backend.models]
+    for route_name, route in policy.routes.items():
+        if route_name in all_targets:
+            found.error(("routes", route_name),
+                        f"route `{route_name}` has the name of a backend model and hides it")
+        seen: set[str] = set()
+        for index, target in enumerate(route.targets):
+            path = ("routes", route_name, "targets", index)
+            if target not in all_targets:
+                found.error(path, f"target `{target}` names no backend model",
+                            did_you_mean(target, all_targets))
+            elif target in seen:
+                found.error(path, f"target `{target}` is listed twice")
+            seen.add(target)
+        enabled = [t for t in route.targets if t in all_targets
+                   and policy.backends[t.split("/", 1)[0]].enabled]
+        if len(enabled) == 0 and all(t in all_targets for t in route.targets):
+            found.warn(("routes", route_name, "targets"),
+                       f"every target of route `{route_name}` is on a disabled backend; "
+                       "clients asking for it get 404")
+
+
+def _check_keys(policy: PolicyFile, found: Findings) -> None:
+    owner: dict[str, str] = {}
+    for tenant_name, tenant in policy.tenants.items():
+        for index, key_hash in enumerate(tenant.api_keys):
+            if key_hash in owner:
+                found.error(("tenants", tenant_name, "api_keys", index),
+                            f"key hash already belongs to tenant `{owner[key_hash]}`")
+            owner.setdefault(key_hash, tenant_name)
+    admin_seen: set[str] = set()
+    for index, key_hash in enumerate(policy.auth.admin_keys):
+        if key_hash in admin_seen:
+            found.error(("auth", "admin_keys", index), "admin key hash is listed twice")
+        admin_seen.add(key_hash)
+        if key_hash in owner:
+            found.warn(("auth", "admin_keys", index),
+                       f"admin key is also an API key of tenant `{owner[key_hash]}`",
+                       "give admins a key of their own")
+
+
+def _check_compliance(policy: PolicyFile, found: Findings) -> None:
+    tenant_tags = {tag for tenant in policy.tenants.values() for tag in tenant.tags}
+    rule_tags = {tag for rule in policy.compliance.rules for tag in rule.when.tenant_tags}
+    regions = sorted({b.region for b in policy.backends.values() if b.region is not None})
+    names: set[str] = set()
+    for index, rule in enumerate(policy.compliance.rules):
+        base = ("compliance", "rules", index)
+        if rule.name in names:
+            found.error((*base, "name"), f"rule name `{rule.name}` is used twice")
+        names.add(rule.name)
+        for position, named in enumerate(rule.when.tenants):
+            if named not in policy.tenants:
+                found.error((*base, "when", "tenants", position), f"no tenant `{named}`",
+                            did_you_mean(named, policy.tenants))
+        for position, route in enumerate(rule.when.routes):
+            if route not in policy.routes:
+                found.error((*base, "when", "routes", position), f"no route `{route}`",
+                            did_you_mean(route, policy.routes))
+        for position, tag in enumerate(rule.when.tenant_tags):
+            if tag not in tenant_tags:
+                found.warn((*base, "when", "tenant_tags", position),
+                           f"no tenant has the tag `{tag}`, so this never matches",
+                           did_you_mean(tag, tenant_tags))
+        for position, pattern in enumerate(rule.require.regions):
+            if not any(fnmatch.fnmatchcase(region, pattern) for region in regions):
+                found.warn((*base, "require", "regions", position),
+                           f"region pattern `{pattern}` matches no backend's region "
+                           "(requests under this rule have nowhere to go)",
+                           did_you_mean(pattern, regions))
+    for tenant_name, tenant in policy.tenants.items():
+        for position, tag in enumerate(tenant.tags):
+            if tag not in rule_tags:
+                found.warn(("tenants", tenant_name, "tags", position),
+                           f"no compliance rule matches the tag `{tag}`",
+                           did_you_mean(tag, rule_tags))
+    pii = policy.compliance.pii
+    if pii.detect and pii.action == "local_only" and not any(
+            b.deployment == "dedicated" and b.enabled for b in policy.backends.values()):
+        found.warn(("compliance", "pii", "action"),
+                   "`local_only` with no enabled dedicated backend rejects every request "
+                   "that carries PII")

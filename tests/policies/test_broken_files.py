@@ -1,0 +1,235 @@
+"""Broken policy files: each error names the exact line, column and field, with a hint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from textwrap import dedent
+
+import pytest
+
+from policies import PolicyError, loads
+
+BACKENDS = """\
+version: 1
+backends:
+  local:
+    type: openai
+    url: http://127.0.0.1:8001/v1
+    deployment: dedicated
+    gpu_hour_usd: 2.5
+    region: eu-west-1
+    models:
+      llama: {context_tokens: 8192}
+  openai:
+    type: openai
+    url: https://api.openai.com/v1
+    region: us
+    models:
+      gpt-4o-mini: {input_usd_per_mtok: 0.15, output_usd_per_mtok: 0.6}
+"""  # 16 lines: appended text starts on line 17
+TENANTS = """\
+tenants:
+  acme:
+    api_keys: [sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]
+    tags: [eu]
+"""  # lines 17-20 when appended to BACKENDS
+
+
+@dataclass(frozen=True)
+class Broken:
+    name: str
+    text: str
+    line: int | None
+    column: int | None
+    field: str | None
+    message: str
+    hint: str | None = None
+
+
+def with_backends(extra: str) -> str:
+    return BACKENDS + dedent(extra)
+
+
+CASES = [
+    Broken("yaml syntax", "version: 1\nbackends:\n  a: [1, 2\n", 4, 1, None,
+           "not valid YAML"),
+    Broken("tab indentation", "version: 1\nbackends:\n\ta: 1\n", 3, 1, None, "not valid YAML"),
+    Broken("empty file", "# nothing here\n", 1, 1, None, "empty"),
+    Broken("top level is a list", "- version: 1\n", 1, 1, None, "must be a YAML mapping"),
+    Broken("version missing", BACKENDS.replace("version: 1\n", "# v1\n"), 2, 1, "version",
+           "`version` is required"),
+    Broken("version unknown", BACKENDS.replace("version: 1", "version: 2"), 1, 10, "version",
+           "Input should be 1"),
+    Broken("top level key misspelt", "version: 1\nbackend:\n  a: {}\n", 1, 1, "backends",
+           "`backends` is required"),
+    Broken("top level unknown key", BACKENDS + "route:\n  chat: {targets: [local/llama]}\n",
+           17, 1, "route", "unknown key `route`", "did you mean `routes`?"),
+    Broken("no backends", "version: 1\nbackends: {}\n", 2, 1, "backends",
+           "at least 1 item"),
+    Broken("backend type misspelt", BACKENDS.replace("type: openai", "type: opnai", 1), 4, 11,
+           "backends.local.type", "Input should be 'openai' or 'anthropic'",
+           "did you mean `openai`?"),
+    Broken("backend url scheme", BACKENDS.replace("url: http://", "url: tcp://", 1), 5, 10,
+           "backends.local.url", "must start with http:// or https://"),
+    Broken("backend key misspelt", BACKENDS.replace("    url: http", "    urll: http", 1), 5, 5,
+           "backends.local.urll", "unknown key `urll`", "did you mean `url`?"),
+    Broken("backend without url or launch",
+           BACKENDS.replace("    url: http://127.0.0.1:8001/v1\n", ""), 3, 3,
+           "backends.local", "needs `url`, or `launch`"),
+    Broken("backend without models",
+           "version: 1\nbackends:\n  a:\n    type: openai\n    url: http://x\n    models: {}\n",
+           6, 5, "backends.a.models", "at least 1 item"),
+    Broken("negative price", BACKENDS.replace("input_usd_per_mtok: 0.15",
+                                              "input_usd_per_mtok: -1"), 16, 41,
+           "backends.openai.models.gpt-4o-mini.input_usd_per_mtok", "greater than or equal to 0"),
+    Broken("zero context", BACKENDS.replace("context_tokens: 8192", "context_tokens: 0"), 10, 31,
+           "backends.local.models.llama.context_tokens", "greater than 0"),
+    Broken("context not a number", BACKENDS.replace("context_tokens: 8192", "context_tokens: lots"),
+           10, 31, "backends.local.models.llama.context_tokens", "valid integer"),
+    Broken("model key misspelt", BACKENDS.replace("output_usd_per_mtok", "output_usd_per_mtoken"),
+           16, 47, "backends.openai.models.gpt-4o-mini.output_usd_per_mtoken",
+           "unknown key", "did you mean `output_usd_per_mtok`?"),
+    Broken("prior key misspelt",
+           BACKENDS.replace("{context_tokens: 8192}", "{priors: {decode_tokens_per_sec: 40}}"),
+           10, 24, "backends.local.models.llama.priors.decode_tokens_per_sec", "unknown key",
+           "did you mean `decode_tokens_per_s`?"),
+    Broken("deployment misspelt", BACKENDS.replace("deployment: dedicated", "deployment: dedicatd"),
+           6, 17, "backends.local.deployment", "Input should be", "did you mean `dedicated`?"),
+    Broken("data retention misspelt", BACKENDS.replace("region: us", "data_retention: zer0"),
+           14, 21, "backends.openai.data_retention", "'zero' or 'standard'",
+           "did you mean `zero`?"),
+    Broken("route target unknown", with_backends("""
+        routes:
+          chat:
+            targets: [local/llama, openai/gpt-4o-mni]
+        """), 20, 28, "routes.chat.targets[1]", "target `openai/gpt-4o-mni` names no backend model",
+           "did you mean `openai/gpt-4o-mini`?"),
+    Broken("route target without backend", with_backends("""
+        routes:
+          chat:
+            targets:
+              - local/llama
+              - gpt-4o-mini
+        """), 22, 9, "routes.chat.targets[1]", "must be written as backend/model"),
+    Broken("route without targets", with_backends("""
+        routes:
+          chat: {targets: []}
+        """), 19, 10, "routes.chat.targets", "at least 1 item"),
+    Broken("objective misspelt", with_backends("""
+        routes:
+          chat: {targets: [local/llama], objective: cheap}
+        """), 19, 45, "routes.chat.objective", "'cheapest' or 'fastest'",
+           "did you mean `cheapest`?"),
+    Broken("on_budget_miss misspelt", with_backends("""
+        routes:
+          chat:
+            targets: [local/llama]
+            on_budget_miss: rejct
+        """), 21, 21, "routes.chat.on_budget_miss", "Input should be", "did you mean `reject`?"),
+    Broken("negative latency budget", with_backends("""
+        routes:
+          chat:
+            targets: [local/llama]
+            latency_budget: {ttft_ms: -5, total_ms: 1000}
+        """), 21, 31, "routes.chat.latency_budget.ttft_ms", "greater than 0"),
+    Broken("target listed twice", with_backends("""
+        routes:
+          chat: {targets: [local/llama, openai/gpt-4o-mini, local/llama]}
+        """), 19, 53, "routes.chat.targets[2]", "listed twice"),
+    Broken("route named like a target", with_backends("""
+        routes:
+          local/llama: {targets: [openai/gpt-4o-mini]}
+        """), 19, 3, "routes.local/llama", "hides it"),
+    Broken("pii category misspelt", with_backends("""
+        compliance:
+          pii: {detect: [email, phnoe]}
+        """), 19, 25, "compliance.pii.detect[1]", "Input should be", "did you mean `phone`?"),
+    Broken("pii action unknown", with_backends("""
+        compliance:
+          pii:
+            action: drop
+        """), 20, 13, "compliance.pii.action", "'local_only', 'redact' or 'block'"),
+    Broken("rule without require", with_backends("""
+        compliance:
+          rules:
+            - name: eu
+              when: {tenant_tags: [eu]}
+        """), 20, 7, "compliance.rules[0].require", "`require` is required"),
+    Broken("rule names unknown tenant", BACKENDS + TENANTS + dedent("""\
+        compliance:
+          rules:
+            - name: acme-eu
+              when: {tenants: [acmee]}
+              require: {regions: [eu-*]}
+        """), 24, 24, "compliance.rules[0].when.tenants[0]", "no tenant `acmee`",
+           "did you mean `acme`?"),
+    Broken("rule names unknown route", with_backends("""
+        routes:
+          chat: {targets: [local/llama]}
+        compliance:
+          rules:
+            - name: chat-local
+              when: {routes: [chta]}
+              require: {deployment: dedicated}
+        """), 23, 23, "compliance.rules[0].when.routes[0]", "no route `chta`",
+           "did you mean `chat`?"),
+    Broken("rule name used twice", with_backends("""
+        compliance:
+          rules:
+            - {name: local, require: {deployment: dedicated}}
+            - {name: local, require: {regions: [eu-*]}}
+        """), 21, 14, "compliance.rules[1].name", "used twice"),
+    Broken("plain key instead of hash", with_backends("""
+        tenants:
+          acme: {api_keys: [sk-live-123]}
+        """), 19, 21, "tenants.acme.api_keys[0]", "never plain keys"),
+    Broken("key hash on two tenants", BACKENDS + TENANTS + """\
+  globex:
+    api_keys: [sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]
+""", 22, 16, "tenants.globex.api_keys[0]", "already belongs to tenant `acme`"),
+    Broken("priority unknown", with_backends("""
+        tenants:
+          acme: {priority: urgent}
+        """), 19, 20, "tenants.acme.priority", "'high', 'normal' or 'low'"),
+    Broken("zero rate limit", with_backends("""
+        defaults:
+          limits: {requests_per_minute: 0}
+        """), 19, 33, "defaults.limits.requests_per_minute", "greater than 0"),
+    Broken("limit store unknown", with_backends("""
+        limits: {store: mysql://db}
+        """), 18, 17, "limits.store", "must be `memory` or a redis:// URL"),
+    Broken("admin key not a hash", with_backends("""
+        auth:
+          admin_keys: [letmein]
+        """), 19, 16, "auth.admin_keys[0]", "never plain keys"),
+    Broken("environment variable unset",
+           BACKENDS.replace("url: https://api.openai.com/v1",
+                            "url: https://api.openai.com/v1\n    api_key: Bearer ${OPENAI_KEY}"),
+           14, 21, "backends.openai.api_key", "environment variable OPENAI_KEY is not set",
+           "set OPENAI_KEY, or write ${OPENAI_KEY:-default}"),
+    Broken("duplicate yaml key",
+           BACKENDS.replace("    region: us\n", "    region: us\n    region: eu\n"),
+           15, 5, None, "duplicate key `region` (first written on line 14)"),
+    Broken("launch on anthropic backend",
+           BACKENDS.replace("    type: openai\n    url: http://127.0.0.1:8001/v1\n",
+                            "    type: anthropic\n    launch: {model: demo}\n"),
+           5, 5, "backends.local.launch", "`launch` starts a local_backend",
+           "write `type: openai`"),
+    Broken("bool not a bool", BACKENDS.replace("    region: us\n", "    enabled: maybe\n"),
+           14, 14, "backends.openai.enabled", "valid boolean"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_broken_file_is_reported_at_its_exact_place(case: Broken) -> None:
+    with pytest.raises(PolicyError) as raised:
+        loads(case.text, source="policy.yaml", environ={})
+    issue = raised.value.issues[0]
+    assert (issue.line, issue.column, issue.field_path) == (case.line, case.column, case.field)
+    assert case.message in issue.message
+    assert issue.hint == case.hint
+    assert issue.source == "policy.yaml"
+
+
+def test_there_are_at_least_thirty_broken_files() -> None:
+    assert len(CASES) >= 30
