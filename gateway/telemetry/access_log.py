@@ -1,0 +1,76 @@
+"""One JSON line per request, for log pipelines.
+
+The record is a closed set of fields (`AccessRecord`): identifiers, the routing
+outcome, token counts, cost and every timing. It has no field that could hold
+prompt or completion text, headers or API keys, so none can leak into the log
+by accident — adding one means changing this file, in review.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.telemetry.timing import TimingSplit
+
+LOGGER_NAME = "routegate.access"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRecord:
+    request_id: str
+    method: str
+    path: str
+    status: int
+    trace_id: str | None = None
+    tenant: str | None = None
+    route: str | None = None
+    backend: str | None = None
+    model: str | None = None  # the backend model that served it
+    stream: bool = False
+    attempts: int = 0
+    decision_reason: str | None = None
+    error_code: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def timing_of(split: TimingSplit) -> dict[str, float]:
+        """Every timing figure we have, flat and in ms; unknown ones left out."""
+        figures: dict[str, float | None] = {
+            "total_ms": split.total_ms,
+            "gw_ms": split.gw_ms,
+            "queue_ms": split.queue_ms,
+            "upstream_ms": split.upstream_ms,
+            "upstream_first_byte_ms": split.upstream_first_byte_ms,
+            "ttft_ms": split.ttft_ms,
+            "inter_token_ms": split.inter_token_ms,
+        }
+        for name, value in split.inference.as_dict().items():
+            figures[f"backend_{name}"] = value
+        return {k: v for k, v in figures.items() if v is not None}
+
+
+class AccessLog:
+    """Writes `AccessRecord`s as JSON lines to a `logging.Logger` (INFO)."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger(LOGGER_NAME)
+
+    def write(self, record: AccessRecord) -> None:
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        data: dict[str, Any] = {k: v for k, v in asdict(record).items() if v is not None}
+        self.logger.info(orjson.dumps(data).decode())
+
+
+def json_line_handler(stream: Any = None) -> logging.Handler:
+    """A handler that prints the record's message alone: one JSON object per line."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    return handler

@@ -1,0 +1,221 @@
+"""Every Prometheus metric the gateway exports, in one registry it owns.
+
+Labels are bounded: route, backend, model and tenant names come from the policy
+file, status is an HTTP status code, reason/limit/priority are small fixed sets.
+`LabelGuard` is the safety net if a caller ever passes something unbounded
+(a client-chosen model name, say): past `max_values` distinct values per label,
+further ones are folded into `other`.
+
+Multi-process: when the gateway runs several workers, set `PROMETHEUS_MULTIPROC_DIR`
+in the environment *before* the workers start (prometheus-client chooses its value
+store at import). Each worker then writes its samples to files there, and
+`render()` in any worker aggregates all of them; gauges sum live processes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+from gateway.telemetry.timing import TimingSplit
+
+NAMESPACE = "routegate"
+OTHER = "other"
+
+# Seconds. Gateway overhead is sub-millisecond to a few ms; model calls run to minutes.
+OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+class LabelGuard:
+    """Caps the distinct values one label may take; thread-safe (workers may share it)."""
+
+    def __init__(self, max_values: int = 256) -> None:
+        self.max_values = max_values
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, value: str | None) -> str:
+        value = value or ""
+        seen = self._seen.get(label)
+        if seen is not None and value in seen:
+            return value
+        with self._lock:
+            seen = self._seen.setdefault(label, set())
+            if value in seen:
+                return value
+            if len(seen) >= self.max_values:
+                return OTHER
+            seen.add(value)
+            return value
+
+
+class GatewayMetrics:
+    """The gateway's metrics. One instance per app; nothing global."""
+
+    def __init__(self, *, multiprocess_dir: str | None = None, max_label_values: int = 256):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = multiprocess_dir
+        self.label = LabelGuard(max_label_values)
+        r = self.registry
+
+        def hist(name: str, doc: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, namespace=NAMESPACE, registry=r, buckets=buckets)
+
+        e2e = ["route", "backend", "model", "tenant", "status"]
+        rbm = ["route", "backend", "model"]
+        bm = ["backend", "model"]
+        self.request_duration = hist(
+            "request_duration_seconds", "End-to-end time, request received → response done.",
+            e2e, LATENCY_BUCKETS_S,
+        )
+        self.gateway_overhead = hist(
+            "gateway_overhead_seconds", "Time in the gateway itself: total − queue − upstream.",
+            ["route", "backend"], OVERHEAD_BUCKETS_S,
+        )
+        self.queue_wait = hist(
+            "queue_wait_seconds", "Wait in the gateway's per-backend queue for a slot.",
+            ["backend"], LATENCY_BUCKETS_S,
+        )
+        self.upstream_first_byte = hist(
+            "upstream_first_byte_seconds", "Upstream request sent → upstream response headers.",
+            bm, LATENCY_BUCKETS_S,
+        )
+        self.ttft = hist(
+            "ttft_seconds", "Request received → first content token relayed to the client.",
+            rbm, LATENCY_BUCKETS_S,
+        )
+        self.inter_token = hist(
+            "inter_token_latency_seconds", "Mean gap between relayed tokens, one per stream.",
+            bm, TOKEN_GAP_BUCKETS_S,
+        )
+        self.inference = hist(
+            "inference_seconds", "Inference time the backend reported (if it did).",
+            bm, LATENCY_BUCKETS_S,
+        )
+        self.requests = Counter(
+            "requests", "Requests finished, by status code.", e2e, namespace=NAMESPACE, registry=r
+        )
+        self.tokens = Counter(
+            "tokens", "Tokens processed (direction = input | output).",
+            ["route", "backend", "model", "tenant", "direction"], namespace=NAMESPACE, registry=r,
+        )
+        self.spend = Counter(
+            "spend_usd", "Spend in US dollars, at the policy's prices.",
+            ["route", "backend", "model", "tenant"], namespace=NAMESPACE, registry=r,
+        )
+        self.decisions = Counter(
+            "routing_decisions", "Routing decisions by chosen backend and reason.",
+            ["route", "backend", "reason"], namespace=NAMESPACE, registry=r,
+        )
+        self.rate_limited = Counter(
+            "rate_limit_rejections", "Requests refused by a rate limit or budget.",
+            ["tenant", "limit"], namespace=NAMESPACE, registry=r,
+        )
+        self.shed = Counter(
+            "shed_rejections", "Requests shed by a full or overloaded backend queue.",
+            ["backend", "priority"], namespace=NAMESPACE, registry=r,
+        )
+        self.fallbacks = Counter(
+            "fallbacks", "Attempts moved to the next candidate after a failure before first byte.",
+            ["route", "from_backend", "to_backend"], namespace=NAMESPACE, registry=r,
+        )
+        self.policy_reloads = Counter(
+            "policy_reloads", "Policy file reloads (result = ok | invalid).",
+            ["result"], namespace=NAMESPACE, registry=r,
+        )
+        self.in_flight = Gauge(
+            "in_flight", "Upstream requests in flight per backend.", ["backend"],
+            namespace=NAMESPACE, registry=r, multiprocess_mode="livesum",
+        )
+        self.queue_depth = Gauge(
+            "queue_depth", "Requests waiting in the gateway's queue per backend.", ["backend"],
+            namespace=NAMESPACE, registry=r, multiprocess_mode="livesum",
+        )
+
+    # recorders: label order and the label guard live here, not at the call sites -----
+    def observe_request(
+        self,
+        *,
+        route: str,
+        backend: str,
+        model: str,
+        tenant: str,
+        status: int,
+        split: TimingSplit,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cost_usd: float | None = None,
+    ) -> None:
+        """Everything one finished request contributes; unknown figures are skipped."""
+        g = self.label
+        route, backend, model, tenant = (
+            g("route", route), g("backend", backend), g("model", model), g("tenant", tenant)
+        )
+        code = str(status)
+        self.request_duration.labels(route, backend, model, tenant, code).observe(
+            split.total_ms / 1000.0
+        )
+        self.requests.labels(route, backend, model, tenant, code).inc()
+        self.gateway_overhead.labels(route, backend).observe(split.gw_ms / 1000.0)
+        if backend:
+            self.queue_wait.labels(backend).observe(split.queue_ms / 1000.0)
+        if split.upstream_first_byte_ms is not None:
+            self.upstream_first_byte.labels(backend, model).observe(
+                split.upstream_first_byte_ms / 1000.0
+            )
+        if split.ttft_ms is not None:
+            self.ttft.labels(route, backend, model).observe(split.ttft_ms / 1000.0)
+        if split.inter_token_ms is not None:
+            self.inter_token.labels(backend, model).observe(split.inter_token_ms / 1000.0)
+        if split.inference_ms is not None:
+            self.inference.labels(backend, model).observe(split.inference_ms / 1000.0)
+        if input_tokens:
+            self.tokens.labels(route, backend, model, tenant, "input").inc(input_tokens)
+        if output_tokens:
+            self.tokens.labels(route, backend, model, tenant, "output").inc(output_tokens)
+        if cost_usd:
+            self.spend.labels(route, backend, model, tenant).inc(cost_usd)
+
+    def observe_rejection(self, tenant: str, limit: str) -> None:
+        self.rate_limited.labels(self.label("tenant", tenant), limit).inc()
+
+    def observe_shed(self, backend: str, priority: str) -> None:
+        self.shed.labels(self.label("backend", backend), priority).inc()
+
+    def observe_decision(self, route: str, backend: str, reason: str) -> None:
+        self.decisions.labels(
+            self.label("route", route), self.label("backend", backend), self.label("reason", reason)
+        ).inc()
+
+    def observe_fallback(self, route: str, from_backend: str, to_backend: str) -> None:
+        self.fallbacks.labels(
+            self.label("route", route),
+            self.label("backend", from_backend),
+            self.label("backend", to_backend),
+        ).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, for `GET /metrics`."""
+        if self.multiprocess_dir:
+            aggregate = CollectorRegistry()
+            multiprocess.MultiProcessCollector(aggregate, path=self.multiprocess_dir)
+            return generate_latest(aggregate), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def worker_exited(multiprocess_dir: str, pid: int) -> None:
+    """Drop a dead worker's live gauges (call from the supervisor when a worker exits)."""
+    multiprocess.mark_process_dead(pid, path=multiprocess_dir)

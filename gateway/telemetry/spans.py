@@ -1,0 +1,177 @@
+"""The span tree of one request, with GenAI semantic-convention attribute names.
+
+    POST /v1/chat/completions           SERVER  (root; continues an inbound traceparent)
+    ├── routegate.auth
+    ├── routegate.rate_limit
+    ├── routegate.route                 decision attributes (backend, reason, predictions)
+    ├── routegate.queue                 wait for a backend slot
+    └── chat <model>                    CLIENT  (one per attempt; event "gen_ai.first_token")
+            └── engine.queue / engine.prefill / engine.decode   (the backend's own spans)
+
+Parents are passed explicitly (never the ambient context), so steps may start and
+end spans from different coroutines. With the API's no-op provider every call is
+a cheap no-op, and an inbound `traceparent` is still forwarded upstream unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+TRACER_NAME = "routegate.gateway"
+
+# OpenTelemetry GenAI semantic conventions (gen_ai.*).
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_PROMPT = "gen_ai.prompt"  # only with compliance.record_content
+GEN_AI_COMPLETION = "gen_ai.completion"  # only with compliance.record_content
+EVENT_FIRST_TOKEN = "gen_ai.first_token"
+
+# HTTP / server conventions.
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+
+# routegate's own facts.
+RG_REQUEST_ID = "routegate.request_id"
+RG_TENANT = "routegate.tenant"
+RG_ROUTE = "routegate.route"
+RG_BACKEND = "routegate.backend"
+RG_DECISION_ID = "routegate.decision.id"
+RG_DECISION_REASON = "routegate.decision.reason"
+RG_CANDIDATES = "routegate.decision.candidates"
+RG_EXCLUDED = "routegate.decision.excluded"
+RG_PREDICTED_TTFT_MS = "routegate.predicted.ttft_ms"
+RG_PREDICTED_TOTAL_MS = "routegate.predicted.total_ms"
+RG_PREDICTED_COST_USD = "routegate.predicted.cost_usd"
+RG_ACTUAL_TTFT_MS = "routegate.actual.ttft_ms"
+RG_QUEUE_WAIT_MS = "routegate.queue.wait_ms"
+RG_ATTEMPT = "routegate.attempt"
+RG_FALLBACK = "routegate.fallback"
+RG_STREAM = "routegate.stream"
+RG_GW_MS = "routegate.timing.gw_ms"
+RG_UPSTREAM_MS = "routegate.timing.upstream_ms"
+RG_INFERENCE_MS = "routegate.timing.inference_ms"  # backend-reported; absent when unknown
+RG_TOTAL_MS = "routegate.timing.total_ms"
+RG_COST_USD = "routegate.cost_usd"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+AttributeValue = str | bool | int | float | list[str] | list[int] | list[float]
+
+
+def clean(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]:
+    """Drop None values: an unknown figure is absent, never recorded as a placeholder."""
+    return {k: v for k, v in attributes.items() if v is not None}
+
+
+def extract_parent(headers: Mapping[str, str]) -> Context:
+    """The caller's trace context from `traceparent`/`tracestate` (empty context if none)."""
+    return _PROPAGATOR.extract(carrier=headers)
+
+
+class RequestTrace:
+    """The spans of one request. Create one per request; `end()` closes the root."""
+
+    __slots__ = ("_inbound", "_root", "_root_ctx", "_tracer", "recording")
+
+    def __init__(
+        self,
+        provider: TracerProvider,
+        *,
+        name: str,
+        headers: Mapping[str, str],
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._tracer = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+        self._inbound = extract_parent(headers)
+        self._root: Span = self._tracer.start_span(
+            name, context=self._inbound, kind=SpanKind.SERVER, attributes=clean(attributes or {})
+        )
+        self._root_ctx = trace.set_span_in_context(self._root)
+        self.recording = self._root.is_recording()
+
+    @property
+    def root(self) -> Span:
+        return self._root
+
+    @property
+    def trace_id(self) -> str | None:
+        """32 hex digits, for logs and response headers; None when not traced at all."""
+        ctx = self._root.get_span_context()
+        if ctx.is_valid:
+            return f"{ctx.trace_id:032x}"
+        inbound = trace.get_current_span(self._inbound).get_span_context()
+        return f"{inbound.trace_id:032x}" if inbound.is_valid else None
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        if self.recording:
+            self._root.set_attributes(clean(attributes))
+
+    def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
+        """A child of the root (INTERNAL); the caller ends it."""
+        return self._tracer.start_span(
+            name, context=self._root_ctx, attributes=clean(attributes or {})
+        )
+
+    @contextmanager
+    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span]:
+        """A child span around one pipeline step; an exception marks it as an error."""
+        span = self.start(name, attributes)
+        try:
+            yield span
+        except BaseException as exc:
+            mark_error(span, exc)
+            raise
+        finally:
+            span.end()
+
+    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
+        """The CLIENT span of one upstream attempt."""
+        return self._tracer.start_span(
+            name, context=self._root_ctx, kind=SpanKind.CLIENT, attributes=clean(attributes or {})
+        )
+
+    def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
+        """Put `traceparent` (and `tracestate`) for `span` into an upstream request's headers.
+
+        Without a recording provider the inbound context is forwarded as it came, so a
+        backend that traces still joins the caller's trace.
+        """
+        context = (
+            trace.set_span_in_context(span) if span.get_span_context().is_valid else self._inbound
+        )
+        _PROPAGATOR.inject(headers, context=context)
+
+    def end(self, status_code: int, error_type: str | None = None) -> None:
+        if self.recording:
+            self._root.set_attribute(HTTP_RESPONSE_STATUS_CODE, status_code)
+            if status_code >= 500 or error_type:
+                self._root.set_attribute(ERROR_TYPE, error_type or str(status_code))
+                if status_code >= 500:
+                    self._root.set_status(Status(StatusCode.ERROR))
+        self._root.end()
+
+
+def mark_error(span: Span, exc: BaseException) -> None:
+    if span.is_recording():
+        span.set_attribute(ERROR_TYPE, type(exc).__name__)
+        span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))

@@ -1,0 +1,171 @@
+"""Where one request's time went, and the `Server-Timing` split that tells the client.
+
+`RequestTimings` collects clock marks as the request moves through the gateway;
+`TimingSplit` is the frozen result:
+
+    total = gw + queue + upstream          (exactly, to the microsecond after rounding)
+
+- `queue`: waiting in the gateway's per-backend queue for a slot.
+- `upstream`: from sending the upstream request to the end of its response (every
+  attempt, when a fallback retried), i.e. network + the backend's own time.
+- `gw`: everything else — parsing, auth, rate limit, routing, relaying bytes.
+- `ttft`: request arrival → first content token relayed (what the client felt).
+- `inference`: the backend's own report of model time (see `inference_time.py`);
+  absent when the backend reports nothing — never derived from our clock.
+
+A stream's headers leave before the upstream finishes, so its header carries the
+split as of that moment; the final figures follow in one SSE comment line
+(`: server-timing …`, which SDKs ignore) before `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.telemetry.inference_time import UNKNOWN, InferenceReport
+
+Clock = Callable[[], float]  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class TimingSplit:
+    """Milliseconds, rounded to the microsecond; None where not measured or not reported."""
+
+    gw_ms: float
+    queue_ms: float
+    upstream_ms: float
+    total_ms: float
+    ttft_ms: float | None = None
+    upstream_first_byte_ms: float | None = None  # upstream request sent → response headers
+    inter_token_ms: float | None = None  # mean gap between relayed tokens
+    inference: InferenceReport = UNKNOWN
+
+    @property
+    def inference_ms(self) -> float | None:
+        return self.inference.inference_ms
+
+    def server_timing(self) -> str:
+        """The `Server-Timing` header value (durations in ms, as the spec defines)."""
+        parts = [
+            ("gw", self.gw_ms),
+            ("queue", self.queue_ms),
+            ("upstream", self.upstream_ms),
+            ("ttft", self.ttft_ms),
+            ("inference", self.inference_ms),
+            ("total", self.total_ms),
+        ]
+        return ", ".join(f"{name};dur={value:.3f}" for name, value in parts if value is not None)
+
+    def sse_comment(self) -> bytes:
+        """The final stream line: an SSE comment, so OpenAI SDKs skip it."""
+        return f": server-timing {self.server_timing()}\n\n".encode()
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+@dataclass(slots=True)
+class RequestTimings:
+    """Clock marks of one request. Methods are called by the pipeline as steps happen."""
+
+    clock: Clock = time.perf_counter
+    start_s: float = field(default=-1.0)
+    queue_s: float = 0.0
+    upstream_s: float = 0.0  # finished attempts
+    end_s: float | None = None
+    inference: InferenceReport = UNKNOWN
+    tokens_relayed: int = 0
+    _queue_started_s: float | None = None
+    _upstream_started_s: float | None = None
+    _attempt_started_s: float | None = None  # the latest attempt, kept after it ends
+    _first_byte_s: float | None = None
+    _first_token_s: float | None = None
+    _last_token_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_s < 0:
+            self.start_s = self.clock()
+
+    # queue -----------------------------------------------------------------
+    def queue_started(self) -> None:
+        self._queue_started_s = self.clock()
+
+    def queue_ended(self) -> float:
+        """Stop the queue clock; returns this wait in seconds."""
+        if self._queue_started_s is None:
+            return 0.0
+        waited = self.clock() - self._queue_started_s
+        self.queue_s += waited
+        self._queue_started_s = None
+        return waited
+
+    # upstream --------------------------------------------------------------
+    def upstream_started(self) -> None:
+        self._upstream_started_s = self._attempt_started_s = self.clock()
+        self._first_byte_s = None
+
+    def upstream_first_byte(self) -> None:
+        self._first_byte_s = self.clock()
+
+    def upstream_ended(self) -> None:
+        if self._upstream_started_s is not None:
+            self.upstream_s += self.clock() - self._upstream_started_s
+            self._upstream_started_s = None
+
+    def token(self) -> None:
+        """A content-bearing chunk was relayed to the client."""
+        now = self.clock()
+        if self._first_token_s is None:
+            self._first_token_s = now
+        self._last_token_s = now
+        self.tokens_relayed += 1
+
+    def report(self, report: InferenceReport) -> None:
+        self.inference = self.inference.merged(report)
+
+    def finish(self) -> None:
+        if self.end_s is None:
+            self.upstream_ended()
+            self.end_s = self.clock()
+
+    @property
+    def first_token_seen(self) -> bool:
+        return self._first_token_s is not None
+
+    # result ----------------------------------------------------------------
+    def split(self) -> TimingSplit:
+        """The split now (or at `finish()`); open intervals are counted up to now."""
+        now = self.end_s if self.end_s is not None else self.clock()
+        queue_s = self.queue_s
+        if self._queue_started_s is not None:
+            queue_s += now - self._queue_started_s
+        upstream_s = self.upstream_s
+        if self._upstream_started_s is not None:
+            upstream_s += now - self._upstream_started_s
+        total_ms = _ms(now - self.start_s)
+        queue_ms, upstream_ms = _ms(queue_s), _ms(upstream_s)
+        # gw is the remainder of the rounded figures, so the three add up exactly.
+        gw_ms = round(max(total_ms - queue_ms - upstream_ms, 0.0), 3)
+        first_byte_ms = None
+        if self._first_byte_s is not None and self._attempt_started_s is not None:
+            first_byte_ms = _ms(self._first_byte_s - self._attempt_started_s)
+        return TimingSplit(
+            gw_ms=gw_ms,
+            queue_ms=queue_ms,
+            upstream_ms=upstream_ms,
+            total_ms=total_ms,
+            ttft_ms=(
+                _ms(self._first_token_s - self.start_s) if self._first_token_s is not None else None
+            ),
+            upstream_first_byte_ms=first_byte_ms,
+            inter_token_ms=self._inter_token_ms(),
+            inference=self.inference,
+        )
+
+    def _inter_token_ms(self) -> float | None:
+        if self.tokens_relayed < 2 or self._first_token_s is None or self._last_token_s is None:
+            return None
+        return _ms((self._last_token_s - self._first_token_s) / (self.tokens_relayed - 1))

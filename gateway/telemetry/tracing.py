@@ -1,0 +1,169 @@
+"""Tracer provider setup from the standard `OTEL_*` environment variables.
+
+Only the entry point (`routegate serve`) calls this; library modules take a
+provider (or the no-op one) and call `trace.get_tracer(...)` on it. Nothing is
+set globally, so tests can build as many providers as they like side by side.
+
+Recognised variables (https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/):
+
+- `OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none` → no tracing at all.
+- `OTEL_TRACES_EXPORTER` = `otlp` | `console` (comma-separated list allowed).
+- `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`
+  (`http/protobuf`, the default, or `grpc`), `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`,
+  `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` (ms).
+- `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`.
+- `OTEL_TRACES_SAMPLER` (+ `_ARG`); default `parentbased_always_on`.
+- `OTEL_BSP_*` batch settings are read by the SDK's BatchSpanProcessor itself.
+
+When neither an exporter nor an OTLP endpoint is named, tracing stays off and the
+gateway uses the API's no-op provider: spans cost a few attribute look-ups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import unquote
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+
+DEFAULT_SERVICE_NAME = "routegate"
+DEFAULT_EXPORT_TIMEOUT_S = 10.0
+_HTTP_DEFAULT = "http://localhost:4318"
+_GRPC_DEFAULT = "http://localhost:4317"
+
+
+class TracingConfigError(ValueError):
+    """An `OTEL_*` variable holds a value we cannot use; raised at start-up, never later."""
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    """The traces-specific variable wins over the generic OTLP one."""
+    specific = env.get(name.replace("OTEL_EXPORTER_OTLP_", "OTEL_EXPORTER_OTLP_TRACES_"))
+    value = specific if specific else env.get(name)
+    return value.strip() if value and value.strip() else None
+
+
+def _pairs(value: str | None) -> dict[str, str]:
+    """`k1=v1,k2=v2` (values URL-encoded, as the spec says) → dict."""
+    out: dict[str, str] = {}
+    for item in (value or "").split(","):
+        key, sep, val = item.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = unquote(val.strip())
+    return out
+
+
+def sampler_from_env(env: Mapping[str, str]) -> Sampler:
+    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    arg = env.get("OTEL_TRACES_SAMPLER_ARG")
+    try:
+        ratio = float(arg) if arg else 1.0
+    except ValueError as exc:
+        raise TracingConfigError(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a number") from exc
+    samplers: dict[str, Sampler] = {
+        "always_on": ALWAYS_ON,
+        "always_off": ALWAYS_OFF,
+        "traceidratio": TraceIdRatioBased(ratio),
+        "parentbased_always_on": ParentBased(ALWAYS_ON),
+        "parentbased_always_off": ParentBased(ALWAYS_OFF),
+        "parentbased_traceidratio": ParentBased(TraceIdRatioBased(ratio)),
+    }
+    if name not in samplers:
+        raise TracingConfigError(f"OTEL_TRACES_SAMPLER={name!r} is not one of {sorted(samplers)}")
+    return samplers[name]
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+    protocol = _get(env, "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    headers = _pairs(_get(env, "OTEL_EXPORTER_OTLP_HEADERS"))
+    timeout_ms = _get(env, "OTEL_EXPORTER_OTLP_TIMEOUT")
+    timeout_s = float(timeout_ms) / 1000.0 if timeout_ms else DEFAULT_EXPORT_TIMEOUT_S
+    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        endpoint = traces_endpoint or base_endpoint or _GRPC_DEFAULT
+        return GrpcExporter(
+            endpoint=endpoint,
+            insecure=endpoint.startswith("http://"),
+            headers=headers or None,
+            timeout=timeout_s,
+        )
+    if protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        # The signal-specific endpoint is used as-is; the base one gets the signal path.
+        endpoint = traces_endpoint or f"{(base_endpoint or _HTTP_DEFAULT).rstrip('/')}/v1/traces"
+        return HttpExporter(endpoint=endpoint, headers=headers or None, timeout=timeout_s)
+    raise TracingConfigError(
+        f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc"
+    )
+
+
+def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
+    """The exporters the environment asks for; empty when it asks for none."""
+    if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+        return []
+    names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "").split(",")]
+    names = [n for n in names if n]
+    if not names:
+        # No exporter named: only an explicit OTLP endpoint turns tracing on.
+        has_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        )
+        names = ["otlp"] if has_endpoint else []
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name == "none":
+            return []
+        if name == "otlp":
+            exporters.append(_otlp_exporter(env))
+        elif name == "console":
+            exporters.append(ConsoleSpanExporter())
+        else:
+            raise TracingConfigError(f"OTEL_TRACES_EXPORTER={name!r}: use otlp, console or none")
+    return exporters
+
+
+def resource_from_env(env: Mapping[str, str], default_service: str) -> Resource:
+    attributes: dict[str, str] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"))
+    service = (env.get("OTEL_SERVICE_NAME") or "").strip()
+    attributes["service.name"] = service or attributes.get("service.name") or default_service
+    # Resource() rather than Resource.create(): create() reads os.environ itself.
+    return Resource(attributes)
+
+
+def tracer_provider_from_env(
+    env: Mapping[str, str],
+    *,
+    service_name: str = DEFAULT_SERVICE_NAME,
+    exporters: list[SpanExporter] | None = None,
+) -> TracerProvider | None:
+    """A provider exporting in batches off the request path, or None when tracing is off.
+
+    `exporters` replaces the ones the environment names (tests pass an in-memory one).
+    The caller owns the provider and calls `shutdown()` to flush at exit.
+    """
+    chosen = exporters if exporters is not None else exporters_from_env(env)
+    if not chosen:
+        return None
+    provider = TracerProvider(
+        sampler=sampler_from_env(env), resource=resource_from_env(env, service_name)
+    )
+    for exporter in chosen:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
