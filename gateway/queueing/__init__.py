@@ -1,0 +1,33 @@
+"""Per-backend queues: concurrency slots, priority bands, deadlines, fair share, shedding."""
+
+from gateway.queueing.clock import Clock, MonotonicClock, TimerHandle
+from gateway.queueing.errors import (
+    Evicted,
+    QueueDeadlinePassed,
+    QueueFull,
+    QueueRejected,
+    WouldMissDeadline,
+)
+from gateway.queueing.fair_share import PRIORITIES, Priority
+from gateway.queueing.queues import BackendQueues, QueueSnapshot
+from gateway.queueing.shedding import ShedPolicy
+from gateway.queueing.slots import Acquisition, QueueCounters, Ticket
+
+__all__ = [
+    "PRIORITIES",
+    "Acquisition",
+    "BackendQueues",
+    "Clock",
+    "Evicted",
+    "MonotonicClock",
+    "Priority",
+    "QueueCounters",
+    "QueueDeadlinePassed",
+    "QueueFull",
+    "QueueRejected",
+    "QueueSnapshot",
+    "ShedPolicy",
+    "Ticket",
+    "TimerHandle",
+    "WouldMissDeadline",
+]
