@@ -1,0 +1,91 @@
+"""`routegate policy check|schema|explain`: validate policy files before they go live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from policies.errors import PolicyError, PolicyIssue
+from policies.json_schema import render as render_schema
+from policies.load import Policy, load
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = subparsers.add_parser("policy", help="check, explain and describe policy files")
+    commands = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser(
+        "check", help="validate policy files (exit 0 when all are valid, 1 otherwise)")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("--json", action="store_true", help="machine-readable result for CI")
+    check.add_argument("--strict", action="store_true", help="warnings fail the check too")
+    check.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                       help="set a variable for ${NAME} references (repeatable)")
+    check.set_defaults(handler=lambda args: check_files(
+        args.files, as_json=args.json, strict=args.strict, environ=environ_with(args.env)))
+
+    schema = commands.add_parser("schema", help="print the JSON Schema of policy files")
+    schema.set_defaults(handler=lambda args: print_schema())
+
+
+def environ_with(assignments: Sequence[str]) -> dict[str, str]:
+    """The process environment plus `NAME=VALUE` assignments from the command line."""
+    environ = dict(os.environ)
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        environ[name] = value
+    return environ
+
+
+def check_files(paths: Sequence[str], *, as_json: bool = False, strict: bool = False,
+                environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    results: list[dict[str, Any]] = []
+    failed = False
+    for path in paths:
+        errors: tuple[PolicyIssue, ...] = ()
+        warnings: tuple[PolicyIssue, ...] = ()
+        policy: Policy | None = None
+        try:
+            policy = load(path, environ=environ)
+            warnings = policy.warnings
+        except PolicyError as exc:
+            errors = exc.issues
+        valid = not errors and not (strict and warnings)
+        failed = failed or not valid
+        results.append({
+            "file": path, "valid": valid,
+            "version_hash": policy.version_hash if policy else None,
+            "errors": [issue.as_dict() for issue in errors],
+            "warnings": [issue.as_dict() for issue in warnings],
+        })
+        if not as_json:
+            _print_result(path, policy, errors, warnings, out)
+    if as_json:
+        print(json.dumps({"valid": not failed, "files": results}, indent=2), file=out)
+    return 1 if failed else 0
+
+
+def _print_result(path: str, policy: Policy | None, errors: Sequence[PolicyIssue],
+                  warnings: Sequence[PolicyIssue], out: TextIO) -> None:
+    for issue in errors:
+        print(f"error: {issue.render()}", file=out)
+    for issue in warnings:
+        print(f"warning: {issue.render()}", file=out)
+    if policy is None:
+        count = len(errors)
+        print(f"{path}: invalid ({count} error{'s' if count != 1 else ''})", file=out)
+        return
+    summary = (f"{len(policy.targets)} targets, {len(policy.routes)} routes, "
+               f"{len(policy.file.tenants)} tenants")
+    tail = f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
+    print(f"{path}: ok, version {policy.version_hash} ({summary}{tail})", file=out)
+
+
+def print_schema(out: TextIO | None = None) -> int:
+    (out or sys.stdout).write(render_schema())
+    return 0

@@ -1,0 +1,128 @@
+"""`load(dump(policy)) == policy` for any valid policy, and the committed JSON Schema is current."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import PolicyFile, dump, hash_key, loads
+from policies.json_schema import SCHEMA_PATH, policy_json_schema
+
+NAMES = st.from_regex(r"[a-z][a-z0-9_\-]{0,8}", fullmatch=True)
+PRICES = st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=False)
+RATES = st.floats(min_value=0.5, max_value=1e5, allow_nan=False, allow_infinity=False)
+REGIONS = st.sampled_from(["eu-west-1", "eu-central-1", "us", "us-east-1", "local"])
+TAGS = st.sampled_from(["eu", "premium", "pii", "internal"])
+
+
+@st.composite
+def model_specs(draw: st.DrawFn) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "input_usd_per_mtok": draw(PRICES), "output_usd_per_mtok": draw(PRICES)}
+    if draw(st.booleans()):
+        spec["context_tokens"] = draw(st.integers(1, 2_000_000))
+    if draw(st.booleans()):
+        spec["upstream_name"] = draw(st.text(min_size=1, max_size=12).filter(
+            lambda text: "${" not in text and "$~" not in text))
+    if draw(st.booleans()):
+        spec["priors"] = {"network_ms": draw(PRICES), "decode_tokens_per_s": draw(RATES),
+                          "prefill_tokens_per_s": draw(RATES)}
+    return spec
+
+
+@st.composite
+def backends(draw: st.DrawFn) -> dict[str, object]:
+    dedicated = draw(st.booleans())
+    backend: dict[str, object] = {
+        "type": "openai" if dedicated else draw(st.sampled_from(["openai", "anthropic"])),
+        "url": "http://127.0.0.1:" + str(draw(st.integers(1, 65535))) + "/v1",
+        "deployment": "dedicated" if dedicated else "shared",
+        "region": draw(REGIONS),
+        "enabled": draw(st.booleans()),
+        "models": draw(st.dictionaries(NAMES, model_specs(), min_size=1, max_size=3)),
+    }
+    if dedicated:
+        backend["gpu_hour_usd"] = draw(PRICES)
+        backend["max_concurrency"] = draw(st.integers(1, 512))
+    else:
+        backend["api_key"] = draw(st.text(min_size=1, max_size=20).filter(
+            lambda text: "${" not in text and "$~" not in text))
+        backend["data_retention"] = draw(st.sampled_from(["zero", "standard"]))
+    return backend
+
+
+@st.composite
+def policy_files(draw: st.DrawFn) -> PolicyFile:
+    all_backends = draw(st.dictionaries(NAMES, backends(), min_size=1, max_size=3))
+    targets = [f"{name}/{model}" for name, backend in all_backends.items()
+               for model in backend["models"]]  # type: ignore[attr-defined]
+    routes = {
+        name: {
+            "targets": draw(st.lists(st.sampled_from(targets), min_size=1, max_size=3,
+                                     unique=True)),
+            "objective": draw(st.sampled_from(["cheapest", "fastest"])),
+            "latency_budget": {"ttft_ms": draw(RATES)},
+            "on_budget_miss": draw(st.sampled_from(["fastest", "reject"])),
+        }
+        for name in draw(st.lists(NAMES, max_size=3, unique=True))
+    }
+    keys = iter(hash_key(str(number)) for number in range(1000))
+    tenants = {
+        name: {
+            "api_keys": [next(keys) for _ in range(draw(st.integers(0, 2)))],
+            "tags": draw(st.lists(TAGS, max_size=2, unique=True)),
+            "priority": draw(st.sampled_from(["high", "normal", "low"])),
+            "limits": {"requests_per_minute": draw(st.integers(1, 10_000))},
+            "budget": {"usd_per_day": draw(PRICES)},
+        }
+        for name in draw(st.lists(NAMES, max_size=3, unique=True))
+    }
+    rules = [
+        {"name": f"rule-{index}", "when": {"tenant_tags": [draw(TAGS)]},
+         "require": {"regions": [draw(st.sampled_from(["eu-*", "us*", "*"]))]}}
+        for index in range(draw(st.integers(0, 2)))
+    ]
+    data = {
+        "version": 1, "backends": all_backends, "routes": routes, "tenants": tenants,
+        "compliance": {"pii": {"detect": draw(st.lists(st.sampled_from(["email", "phone"]),
+                                                      unique=True)),
+                               "action": draw(st.sampled_from(["local_only", "redact"]))},
+                       "rules": rules},
+        "auth": {"admin_keys": [hash_key("admin")]},
+    }
+    return PolicyFile.model_validate(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy_files())
+def test_dumped_policy_loads_back_equal(policy_file: PolicyFile) -> None:
+    policy = loads(dump(policy_file, reveal_secrets=True), environ={})
+    assert policy.file == policy_file
+
+
+def test_dump_masks_secrets_unless_asked() -> None:
+    policy_file = PolicyFile.model_validate({"version": 1, "backends": {"a": {
+        "type": "openai", "url": "http://x", "api_key": "sk-secret", "models": {"m": {}}}}})
+    assert "sk-secret" not in dump(policy_file)
+    assert "sk-secret" in dump(policy_file, reveal_secrets=True)
+
+
+def test_committed_json_schema_is_current() -> None:
+    assert json.loads(SCHEMA_PATH.read_text()) == policy_json_schema()
+
+
+def test_json_schema_accepts_environment_references_for_numbers() -> None:
+    backend = policy_json_schema()["$defs"]["Backend"]["properties"]
+    assert r'"pattern": "\\$\\{' in json.dumps(backend["gpu_hour_usd"])
+    assert r'"pattern": "\\$\\{' not in json.dumps(backend["url"])
+
+
+def test_shipped_policies_point_editors_at_the_schema() -> None:
+    root = Path(__file__).resolve().parents[2] / "policies"
+    for path in [root / "default.yaml", *sorted((root / "examples").glob("*.yaml"))]:
+        first = path.read_text().splitlines()[0]
+        expected = "./policy.schema.json" if path.parent == root else "../policy.schema.json"
+        assert first == f"# yaml-language-server: $schema={expected}", path
