@@ -79,7 +79,10 @@ class Ticket:
 
 
 def _usd(micros: int) -> str:
-    return f"${micros / MICROS_PER_USD:,.2f}"
+    """Cents when that is exact, else as many decimals as the micro-dollars need."""
+    if micros % 10_000 == 0:
+        return f"${micros / MICROS_PER_USD:,.2f}"
+    return f"${micros / MICROS_PER_USD:,.6f}".rstrip("0")
 
 
 class Limiter:

@@ -1,0 +1,42 @@
+"""OpenAI's header formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.limits.headers import go_duration, rate_limit_headers, retry_headers
+from gateway.limits.store import Scope, ScopeState
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0, "0s"), (0.006, "6ms"), (0.12, "120ms"), (1, "1s"), (1.5, "1.5s"),
+    (59.988, "59.988s"), (60, "1m0s"), (90.5, "1m30.5s"), (360, "6m0s"), (3600, "1h0m0s"),
+    (0.0001, "1ms"),
+])
+def test_durations_use_gos_format_like_openai(seconds: float, text: str) -> None:
+    assert go_duration(seconds) == text
+
+
+def test_headers_describe_the_tightest_scope() -> None:
+    tenant = ScopeState(Scope("tenant", 100, 10_000), 10, 500, oldest_at=0.0)
+    key = ScopeState(Scope("key:ab", 20, None), 19, 500, oldest_at=30.0)
+    headers = rate_limit_headers([tenant, key], now=45.0)
+    assert headers == {
+        "x-ratelimit-limit-requests": "20", "x-ratelimit-remaining-requests": "1",
+        "x-ratelimit-reset-requests": "45s",
+        "x-ratelimit-limit-tokens": "10000", "x-ratelimit-remaining-tokens": "9500",
+        "x-ratelimit-reset-tokens": "15s",
+    }
+
+
+def test_a_limit_nobody_set_has_no_headers() -> None:
+    headers = rate_limit_headers([ScopeState(Scope("tenant", 5, None), 0, 0, None)], now=0)
+    assert set(headers) == {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                            "x-ratelimit-reset-requests"}
+    assert headers["x-ratelimit-reset-requests"] == "0s"
+
+
+def test_retry_after_is_whole_seconds_rounded_up() -> None:
+    assert retry_headers(0.2) == {"Retry-After": "1", "retry-after-ms": "200"}
+    assert retry_headers(30.5, should_retry=False)["Retry-After"] == "31"
+    assert retry_headers(30.5, should_retry=False)["x-should-retry"] == "false"
