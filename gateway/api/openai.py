@@ -1,0 +1,66 @@
+"""The OpenAI-compatible HTTP surface: `/v1/...`, `/healthz`, `/readyz`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.api.validate import check_chat, check_completions, check_embeddings
+from gateway.context import Endpoint
+from gateway.pipeline import Pipeline
+
+CHAT = Endpoint("chat.completions", "/chat/completions", check_chat)
+COMPLETIONS = Endpoint("completions", "/completions", check_completions)
+EMBEDDINGS = Endpoint("embeddings", "/embeddings", check_embeddings)
+
+PIPELINE = web.AppKey("routegate.pipeline", Pipeline)
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def proxy(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await request.app[PIPELINE].handle(request, endpoint)
+
+    handler.__name__ = endpoint.name.replace(".", "_")
+    return handler
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """Routes first (what callers should normally use), then each backend model."""
+    pipeline = request.app[PIPELINE]
+    policy = pipeline.live.current
+    pipeline.auth.authenticate(request, policy)
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "routegate"}
+            for name in policy.routes]
+    data.extend({"id": key, "object": "model", "created": 0, "owned_by": target.backend_name}
+                for key, target in policy.targets.items())
+    return _json({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers."""
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: at least one enabled backend can take requests. Lists every backend."""
+    pipeline = request.app[PIPELINE]
+    policy = pipeline.live.current
+    backends = pipeline.pool.status(policy)
+    ready = any(state == "ready" for state in backends.values())
+    return _json({"status": "ready" if ready else "not ready", "policy": policy.version_hash,
+                  "backends": backends}, status=200 if ready else 503)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", proxy(CHAT))
+    app.router.add_post("/v1/completions", proxy(COMPLETIONS))
+    app.router.add_post("/v1/embeddings", proxy(EMBEDDINGS))
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

@@ -1,0 +1,62 @@
+"""`create_app`: every long-lived object, wired once and stored under a typed AppKey.
+
+Resources (upstream sessions, supervised children) open and close in
+`app.cleanup_ctx`, in order, so a test or `routegate serve` gets the same lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.api import PIPELINE, add_routes
+from gateway.errors import error_middleware
+from gateway.hooks import Hooks
+from gateway.live_policy import LivePolicy
+from gateway.pipeline import Pipeline
+from gateway.settings import Settings
+from gateway.supervisor import Supervisor
+from gateway.upstream.pool import UpstreamPool
+from policies.load import Policy
+
+LIVE_POLICY = web.AppKey("routegate.live_policy", LivePolicy)
+UPSTREAMS = web.AppKey("routegate.upstreams", UpstreamPool)
+HOOKS = web.AppKey("routegate.hooks", Hooks)
+SETTINGS = web.AppKey("routegate.settings", Settings)
+SUPERVISOR = web.AppKey("routegate.supervisor", Supervisor)
+
+# Bodies are limited by the policy's `server.max_body_bytes`, checked in the pipeline
+# (it can change on reload); aiohttp's own cap only has to stay out of the way.
+_AIOHTTP_BODY_CAP = 1 << 30
+
+
+def create_app(policy: Policy, settings: Settings | None = None) -> web.Application:
+    settings = settings or Settings()
+    app = web.Application(middlewares=[error_middleware], client_max_size=_AIOHTTP_BODY_CAP)
+    live = LivePolicy(policy)
+    pool = UpstreamPool()
+    hooks = Hooks()
+    app[SETTINGS] = settings
+    app[LIVE_POLICY] = live
+    app[UPSTREAMS] = pool
+    app[HOOKS] = hooks
+    app[SUPERVISOR] = Supervisor(policy, pool, settings)
+    app[PIPELINE] = Pipeline(live, pool, hooks)
+    add_routes(app)
+    app.cleanup_ctx.append(_upstreams)
+    app.cleanup_ctx.append(_supervised_backends)
+    return app
+
+
+async def _upstreams(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[UPSTREAMS].close()
+
+
+async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
+    supervisor = app[SUPERVISOR]
+    if app[SETTINGS].supervise:
+        await supervisor.start()
+    yield
+    await supervisor.stop()

@@ -1,0 +1,126 @@
+"""API key → tenant.
+
+A key arrives as `Authorization: Bearer KEY` (OpenAI SDKs) or `x-api-key: KEY`
+(Anthropic SDKs). The policy lists only `sha256:<hex>` hashes, so the gateway never
+holds a plain key; it hashes what it receives and looks the hash up. The final
+comparison uses `hmac.compare_digest`, and because it runs on digests, how long a
+lookup takes says nothing about how close a guessed key came. Keys are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.errors import Forbidden, Unauthorized
+from policies.load import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    tenant: str
+    key_hash: str | None  # None for anonymous access
+    anonymous: bool = False
+
+
+def key_hash(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def presented_key(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def is_loopback(peer: str | None) -> bool:
+    if not peer:
+        return False  # a Unix socket or unknown peer is not provably local
+    try:
+        return ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        return False
+
+
+class KeyIndex:
+    """Tenant key hashes bucketed by a short prefix of the digest.
+
+    The bucket is found by a dict lookup on 16 bits of the digest (which tells an
+    attacker nothing about the key itself); inside it every stored hash is compared
+    with `hmac.compare_digest`, so a hit and a near miss take the same time.
+    """
+
+    __slots__ = ("_buckets", "policy")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._buckets: dict[str, list[tuple[str, str]]] = {}
+        for digest, tenant in policy.tenant_by_key_hash.items():
+            self._buckets.setdefault(digest[:11], []).append((digest, tenant))
+
+    def tenant(self, digest: str) -> str | None:
+        found = None
+        for stored, tenant in self._buckets.get(digest[:11], ()):
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        return found
+
+
+class Authenticator:
+    """Resolves callers against the live policy, re-indexing keys when it changes."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self) -> None:
+        self._index: KeyIndex | None = None
+
+    def index(self, policy: Policy) -> KeyIndex:
+        index = self._index
+        if index is None or index.policy is not policy:
+            index = self._index = KeyIndex(policy)
+        return index
+
+    def authenticate(self, request: web.Request, policy: Policy) -> Identity:
+        """The caller's tenant, or `Unauthorized`.
+
+        With anonymous access on (and, if `loopback_only`, a loopback peer), a missing
+        or unknown key is served as the anonymous tenant: such a caller could drop the
+        key and get the same access, so accepting it grants nothing more, and SDKs that
+        insist on some key work against a development gateway unchanged.
+        """
+        key = presented_key(request)
+        if key is not None:
+            digest = key_hash(key)
+            tenant = self.index(policy).tenant(digest)
+            if tenant is not None:
+                return Identity(tenant=tenant, key_hash=digest)
+        anonymous = policy.file.auth.anonymous
+        if anonymous.enabled and (not anonymous.loopback_only or is_loopback(request.remote)):
+            return Identity(tenant=anonymous.tenant, key_hash=None, anonymous=True)
+        if key is None:
+            raise Unauthorized(
+                "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.",
+                code="missing_api_key")
+        raise Unauthorized("Incorrect API key provided.")
+
+
+def require_admin(request: web.Request, policy: Policy) -> str:
+    """For `/admin/...` handlers: the admin key's hash, or 401 (no key) / 403 (not admin)."""
+    key = presented_key(request)
+    if key is None:
+        raise Unauthorized("Admin endpoints need an admin key: `Authorization: Bearer KEY`.",
+                           code="missing_api_key")
+    digest = key_hash(key)
+    matched = False
+    for stored in policy.admin_key_hashes:  # a handful at most; compare all, constant time
+        matched |= hmac.compare_digest(stored, digest)
+    if not matched:
+        raise Forbidden("This key is not an admin key.")
+    return digest

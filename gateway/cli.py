@@ -1,0 +1,26 @@
+"""`routegate` command line. Each command module exposes `add_parser(subparsers)`,
+which registers its subcommand and sets `func(args) -> int`; adding one is an import
+and an entry in `COMMANDS`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gateway import serve
+
+COMMANDS = (serve,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="routegate", description=(
+        "OpenAI-compatible inference gateway that routes each request by policy."))
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return int(args.func(args))

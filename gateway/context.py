@@ -1,0 +1,59 @@
+"""What the gateway knows about one request as it moves through the pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.auth import Identity
+from gateway.errors import GatewayError
+from gateway.server_timing import ServerTiming
+from policies.load import ModelTarget, Policy
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One OpenAI operation the gateway proxies."""
+
+    name: str  # "chat.completions", "completions", "embeddings"
+    path: str  # relative to the backend's base URL (which ends in /v1)
+    check: Callable[[Body], None]  # raises BadRequest naming the param
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One try on one candidate; `error` is None for the attempt that answered."""
+
+    target: ModelTarget
+    error: str | None = None
+    status: int | None = None  # the backend's HTTP status, when it answered
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    request: web.Request
+    endpoint: Endpoint
+    policy: Policy  # the policy this request started under; a reload does not change it
+    timing: ServerTiming
+    request_id: str
+    identity: Identity | None = None
+    raw: bytes = b""  # the body exactly as the client sent it
+    body: Body = field(default_factory=dict)  # parsed once; treat as read-only
+    model: str = ""  # what the client asked for: a route name or "backend/model"
+    stream: bool = False
+    client_wants_usage: bool = False  # stream_options.include_usage was true
+    candidates: Sequence[ModelTarget] = ()  # ordered: primary first, then fallbacks
+    decision: Any = None  # the router's own record of why (for spans and logs)
+    target: ModelTarget | None = None  # the candidate being tried / that answered
+    attempts: list[Attempt] = field(default_factory=list)
+    upstream_headers: dict[str, str] = field(default_factory=dict)  # added to the upstream call
+    usage: dict[str, Any] | None = None  # from the JSON body or the final stream chunk
+    status: int | None = None  # status sent to the client (499: the client went away)
+    error: GatewayError | None = None  # what the client was told, if it failed
+    bytes_sent: bool = False  # once True a failure can only end the stream
+    state: dict[str, Any] = field(default_factory=dict)  # scratch space for plug-ins

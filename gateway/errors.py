@@ -1,0 +1,194 @@
+"""One error root for everything a client can be told, and the middleware that renders it.
+
+Every error leaves the gateway as OpenAI-shaped JSON
+(`{"error": {"message", "type", "code", "param"}}`) so the official SDKs raise
+their usual exceptions (`openai.BadRequestError`, `openai.RateLimitError`, ...).
+Library errors are translated where they happen (`raise UpstreamTimeout(...) from exc`);
+`except Exception` lives only in `error_middleware`, which turns anything unexpected
+into a 500 without a traceback for the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import ClassVar
+
+import orjson
+from aiohttp import web
+
+from gateway.server_timing import ServerTiming
+
+log = logging.getLogger("routegate.errors")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Where the middleware finds the per-request timing, so error responses carry it too.
+TIMING_KEY = web.RequestKey("routegate.timing", ServerTiming)
+
+
+class GatewayError(Exception):
+    """An error with an HTTP status that a client is allowed to see.
+
+    `headers` is a plain dict on purpose: whoever raises (the rate limiter, say) or
+    whoever catches on the way out may attach `Retry-After`, `x-ratelimit-*`, ...
+    """
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str | None] = "internal_error"
+    type: ClassVar[str] = "server_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 headers: Mapping[str, str] | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers: dict[str, str] = dict(headers or {})
+        if code is not None:
+            self.code = code  # type: ignore[misc]  # an instance may refine the class default
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type,
+                          "code": self.code, "param": self.param}}
+
+    def to_response(self) -> web.Response:
+        return web.Response(status=self.status, body=orjson.dumps(self.body()),
+                            content_type="application/json", headers=self.headers)
+
+
+class BadRequest(GatewayError):
+    status = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    code = "invalid_api_key"
+    type = "authentication_error"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    code = "forbidden"
+    type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    code = "method_not_allowed"
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    code = "request_too_large"
+    type = "invalid_request_error"
+
+
+class RateLimited(GatewayError):
+    """429; the limiter attaches `Retry-After` and `x-ratelimit-*` through `headers`."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+    retryable = True
+
+
+class InternalError(GatewayError):
+    status = 500
+
+
+class UpstreamError(GatewayError):
+    """The backend failed (connection refused, 5xx, malformed reply); names the backend."""
+
+    status = 502
+    code = "upstream_error"
+    type = "server_error"
+    retryable = True
+
+
+class NoBackendAvailable(GatewayError):
+    status = 503
+    code = "no_backend_available"
+    type = "server_error"
+    retryable = True
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    code = "upstream_timeout"
+    type = "server_error"
+    retryable = True
+
+
+class DeadlinePassed(GatewayError):
+    status = 504
+    code = "deadline_exceeded"
+    type = "server_error"
+
+
+class UpstreamClientError(GatewayError):
+    """A 4xx from the backend whose body was not OpenAI-shaped: relay its status."""
+
+    type = "invalid_request_error"
+    code = "upstream_rejected"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status  # type: ignore[misc]
+
+
+def _from_http_exception(exc: web.HTTPException) -> GatewayError:
+    if exc.status == 404:
+        return NotFound("Unknown path; the API is served under /v1 (see GET /v1/models).")
+    if exc.status == 405:
+        return MethodNotAllowed(f"Method not allowed: {exc.reason}", headers={
+            "Allow": exc.headers.get("Allow", "")})
+    if exc.status == 413:
+        return PayloadTooLarge("Request body is too large.")
+    error = GatewayError(exc.reason or "HTTP error")
+    error.status = exc.status  # type: ignore[misc]
+    error.type = "invalid_request_error" if exc.status < 500 else "server_error"  # type: ignore[misc]
+    error.code = None  # type: ignore[misc]
+    return error
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render every failure OpenAI-shaped, log it once, stamp Server-Timing on the way out."""
+    timing = ServerTiming()
+    request[TIMING_KEY] = timing
+    try:
+        response = await handler(request)
+    except GatewayError as exc:
+        error = exc
+    except web.HTTPException as exc:
+        if exc.status < 400:  # redirects and the like are not errors
+            raise
+        error = _from_http_exception(exc)
+    except Exception:  # the one place that sees unexpected failures
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        error = InternalError("The gateway failed to process the request; it has been logged.")
+    else:
+        if not response.prepared:
+            response.headers["Server-Timing"] = timing.header()
+        return response
+    if error.status >= 500:
+        log.warning("%s %s -> %d %s", request.method, request.path, error.status, error.message)
+    else:
+        log.info("%s %s -> %d %s", request.method, request.path, error.status, error.message)
+    rendered = error.to_response()
+    rendered.headers["Server-Timing"] = timing.header()
+    return rendered

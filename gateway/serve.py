@@ -1,0 +1,75 @@
+"""`routegate serve`: load the policy, build the app, listen until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.settings import Settings, default_policy_path
+from policies.load import PolicyError, load
+
+log = logging.getLogger("routegate.serve")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("serve", help="run the gateway")
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="policy file (default: $ROUTEGATE_POLICY, else the bundled "
+                             "policies/default.yaml)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = args.policy or Path(os.environ.get("ROUTEGATE_POLICY") or default_policy_path())
+    try:
+        policy = load(path)
+    except PolicyError as exc:
+        log.error("%s", exc)
+        return 2
+    for warning in policy.warnings:
+        log.warning("%s", warning)
+    settings = Settings(host=args.host, port=args.port, policy_path=path)
+    try:
+        import uvloop
+    except ImportError:
+        loop_factory = None
+    else:
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(serve(create_app(policy, settings), settings))
+
+
+async def serve(app: web.Application, settings: Settings) -> int:
+    # handler_cancellation: a client that disconnects cancels its handler at once, which
+    # closes the upstream connection so the backend stops generating for nobody.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
+            return 1
+        log.info("routegate listening on http://%s:%d/v1 (policy %s)", settings.host,
+                 settings.port, settings.policy_path)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+    return 0

@@ -1,0 +1,26 @@
+"""Process settings: what is not policy (where to listen, how to start children)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+
+def default_policy_path() -> Path:
+    """`policies/default.yaml` from the installed package, wherever the CWD is."""
+    return Path(str(resources.files("policies").joinpath("default.yaml")))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    policy_path: Path | None = None
+    # The command that starts a local backend; `--model/--host/--port` and the policy's
+    # `launch.args` are appended. Tests substitute a small stand-in program.
+    launch_command: tuple[str, ...] = field(
+        default_factory=lambda: (sys.executable, "-m", "local_backend"))
+    supervise: bool = True  # start `launch:` backends as children
+    restart_backoff_s: tuple[float, float] = (0.5, 30.0)  # first delay, cap

@@ -1,0 +1,90 @@
+"""Server-sent events passed through from a backend, one network chunk at a time.
+
+The relay never holds more than one incomplete event: whatever complete events a
+network read brings are forwarded at once, byte for byte. It looks inside an event
+only when it must — to capture the usage report, to drop the usage-only chunk the
+gateway asked for on the client's behalf, and to hold back `data: [DONE]` so the
+caller can put the `: server-timing` comment in front of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+DONE_EVENT = b"data: [DONE]\n\n"
+_DONE = b"[DONE]"
+_USAGE = b'"usage"'
+_NULL_USAGE = (b'"usage":null', b'"usage": null')
+
+
+class SseRelay:
+    __slots__ = ("_pending", "done", "strip_usage_chunk", "usage")
+
+    def __init__(self, *, strip_usage_chunk: bool) -> None:
+        self.strip_usage_chunk = strip_usage_chunk
+        self.usage: dict[str, Any] | None = None
+        self.done = False  # `data: [DONE]` seen (and withheld)
+        self._pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to forward now for one network read from the backend."""
+        if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
+            data = data.replace(b"\r\n", b"\n")
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        if data.endswith(b"\n\n") and _USAGE not in data and _DONE not in data:
+            return data  # the common case: whole token events, nothing to look at
+        out: list[bytes] = []
+        start = 0
+        while True:
+            end = data.find(b"\n\n", start)
+            if end < 0:
+                self._pending = data[start:]
+                break
+            event = data[start:end + 2]
+            start = end + 2
+            if self._keep(event):
+                out.append(event)
+        return b"".join(out)
+
+    def _keep(self, event: bytes) -> bool:
+        payload = _data_field(event)
+        if payload is None:
+            return True
+        if payload == _DONE:
+            self.done = True
+            return False
+        if _USAGE in payload and not any(null in payload for null in _NULL_USAGE):
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return True
+            if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+                self.usage = chunk["usage"]
+                if self.strip_usage_chunk and not chunk.get("choices"):
+                    return False
+        return True
+
+    def leftover(self) -> bytes:
+        """An unterminated last event, forwarded as is when the stream ends."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+def _data_field(event: bytes) -> bytes | None:
+    """The payload of a single-line `data:` event, or None for anything else."""
+    if not event.startswith(b"data:"):
+        return None
+    payload = event[5:].strip()
+    return None if b"\n" in payload else payload
+
+
+def comment(text: str) -> bytes:
+    return f": {text}\n\n".encode()
+
+
+def error_event(body: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"

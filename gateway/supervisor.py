@@ -1,0 +1,149 @@
+"""Starts the backends a policy marks `launch:` as child processes and keeps them up.
+
+For each such backend: pick a free loopback port, run
+`<launch_command> --model M --host 127.0.0.1 --port P <args>`, poll `GET /health`
+until it answers (at most `startup_timeout_s`), then hand `http://127.0.0.1:P/v1` to the
+upstream pool. When the child dies it is marked down (requests get a 503 naming it)
+and started again after a backoff that doubles up to a cap and resets once a child
+has stayed up for a minute. On shutdown every child gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.settings import Settings
+from gateway.upstream.pool import UpstreamPool
+from policies.load import Policy
+from policies.schema import LaunchSpec
+
+log = logging.getLogger("routegate.supervisor")
+
+HEALTH_POLL_S = 0.1
+STOP_GRACE_S = 5.0
+STABLE_AFTER_S = 60.0  # a child up this long resets the restart backoff
+
+
+@dataclass(slots=True)
+class Child:
+    """What the supervisor knows about one backend's process (read by /readyz, tests)."""
+
+    name: str
+    pid: int | None = None
+    url: str | None = None
+    starts: int = 0
+    last_error: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Supervisor:
+    def __init__(self, policy: Policy, pool: UpstreamPool, settings: Settings) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.settings = settings
+        self.children: dict[str, Child] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        for name, backend in self.policy.file.backends.items():
+            if backend.launch is None or not backend.enabled:
+                continue
+            self.children[name] = Child(name)
+            self.pool.set_down(name, f"local backend '{name}' is starting")
+            self._tasks.append(asyncio.create_task(self._keep_running(name, backend.launch),
+                                                   name=f"supervise-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._http is not None:
+            await self._http.close()
+
+    async def _keep_running(self, name: str, launch: LaunchSpec) -> None:
+        first_delay, max_delay = self.settings.restart_backoff_s
+        delay = first_delay
+        child = self.children[name]
+        while True:
+            started = time.monotonic()
+            reason = await self._run_once(child, launch)
+            if time.monotonic() - started > STABLE_AFTER_S:
+                delay = first_delay
+            child.last_error = reason
+            self.pool.set_down(name, f"local backend '{name}' is down ({reason})")
+            log.error("local backend '%s' %s; restarting in %.1fs", name, reason, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
+
+    async def _run_once(self, child: Child, launch: LaunchSpec) -> str:
+        """Run one child until it dies; the reason it is not serving."""
+        port = free_port()
+        command = [*self.settings.launch_command, "--model", launch.model,
+                   "--host", "127.0.0.1", "--port", str(port), *launch.args]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.DEVNULL)
+        except OSError as exc:
+            return f"could not be started ({' '.join(command)}): {exc}"
+        child.pid, child.starts = process.pid, child.starts + 1
+        try:
+            base = f"http://127.0.0.1:{port}"
+            if not await self._wait_healthy(process, base + "/health", launch.startup_timeout_s):
+                if process.returncode is not None:
+                    return (f"exited with code {process.returncode} before answering /health "
+                            f"(command: {' '.join(command)})")
+                return f"did not answer /health within {launch.startup_timeout_s:g}s"
+            child.url = base + "/v1"
+            self.pool.set_launched(child.name, child.url)
+            log.info("local backend '%s' is up at %s (pid %d)", child.name, child.url,
+                     process.pid)
+            code = await process.wait()
+            return f"exited with code {code}"
+        finally:
+            child.url = None
+            await _stop(process)
+
+    async def _wait_healthy(self, process: asyncio.subprocess.Process, url: str,
+                            timeout_s: float) -> bool:
+        assert self._http is not None
+        deadline = time.monotonic() + timeout_s
+        while process.returncode is None and time.monotonic() < deadline:
+            try:
+                async with self._http.get(url) as response:
+                    if response.status == 200:
+                        return True
+            except (TimeoutError, aiohttp.ClientError):
+                pass  # not listening yet
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(process.wait(), HEALTH_POLL_S)
+        return False
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()

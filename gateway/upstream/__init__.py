@@ -1,0 +1,6 @@
+"""Adapters that speak each provider's API; one pooled session per backend."""
+
+from gateway.upstream.openai import OpenAIUpstream, UpstreamFailure
+from gateway.upstream.pool import UpstreamPool
+
+__all__ = ["OpenAIUpstream", "UpstreamFailure", "UpstreamPool"]

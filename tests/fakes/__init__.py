@@ -1,0 +1,1 @@
+"""Reusable stand-ins for the world outside the gateway (upstream providers, children)."""
