@@ -1,0 +1,131 @@
+"""What routing needs to know about one request, computed once from the parsed body."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from policies.load import Policy
+from policies.schema import Route
+from routing.pii import PiiScanner
+from routing.stats import StatsSnapshot
+from routing.tokens import TokenCounter
+
+TTFT_BUDGET_HEADER = "x-routegate-ttft-budget-ms"
+TOTAL_BUDGET_HEADER = "x-routegate-total-budget-ms"
+# A route asked for by a target key ("local/llama") has no route settings of its own.
+DIRECT_ROUTE = Route(targets=["direct/target"])
+
+OutputSource = Literal["request", "route_mean", "route_default"]
+
+
+class FeatureError(ValueError):
+    """The request cannot be routed as written (the gateway answers 400)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    route: str  # a route name, or a target key the client named directly
+    tenant: str
+    tenant_tags: frozenset[str]
+    priority: str  # high | normal | low
+    input_tokens: int
+    output_tokens: int
+    output_tokens_source: OutputSource
+    stream: bool
+    pii: frozenset[str]  # categories found, never the text
+    ttft_budget_ms: float | None
+    total_budget_ms: float | None
+    tenant_budget_left_micro_usd: int | None = None  # None: no budget, or not tracked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "route": self.route, "tenant": self.tenant, "tenant_tags": sorted(self.tenant_tags),
+            "priority": self.priority, "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "output_tokens_source": self.output_tokens_source, "stream": self.stream,
+            "pii": sorted(self.pii), "ttft_budget_ms": self.ttft_budget_ms,
+            "total_budget_ms": self.total_budget_ms,
+            "tenant_budget_left_micro_usd": self.tenant_budget_left_micro_usd,
+        }
+
+
+def tightened(route_budget_ms: float | None, header_value: str | None,
+              header: str) -> float | None:
+    """The route's budget, made tighter (never looser) by a request header."""
+    if header_value is None or header_value.strip() == "":
+        return route_budget_ms
+    try:
+        requested = float(header_value)
+    except ValueError:
+        requested = math.nan
+    if not math.isfinite(requested) or requested <= 0:
+        raise FeatureError(f"{header} must be a positive number of milliseconds", param=header)
+    return requested if route_budget_ms is None else min(route_budget_ms, requested)
+
+
+def route_for(policy: Policy, route_name: str) -> Route:
+    route = policy.routes.get(route_name)
+    if route is not None:
+        return route
+    if route_name in policy.targets:
+        return DIRECT_ROUTE.model_copy(update={"targets": [route_name]})
+    raise FeatureError(f"the model {route_name!r} does not exist", param="model")
+
+
+def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: Policy,
+                   tenant: str, *, tokens: TokenCounter, pii: PiiScanner | None = None,
+                   stats: StatsSnapshot | None = None,
+                   tenant_budget_left_micro_usd: int | None = None) -> RequestFeatures:
+    """Features of a parsed OpenAI request body. `headers` must look names up
+    case-insensitively (aiohttp's `CIMultiDict` does)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise FeatureError("`model` is required", param="model")
+    route_name = policy.resolve_model(model)
+    if route_name is None:
+        raise FeatureError(f"the model {model!r} does not exist", param="model")
+    route = route_for(policy, route_name)
+
+    output_tokens, source = _output_tokens(body, route_name, route, stats)
+    tenant_spec = policy.file.tenants.get(tenant)
+    tags = frozenset(tenant_spec.tags) if tenant_spec else frozenset()
+    priority = tenant_spec.priority if tenant_spec else policy.file.defaults.priority
+    return RequestFeatures(
+        route=route_name,
+        tenant=tenant,
+        tenant_tags=tags,
+        priority=priority,
+        input_tokens=tokens.count_request(body),
+        output_tokens=output_tokens,
+        output_tokens_source=source,
+        stream=body.get("stream") is True,
+        pii=pii.categories_in(body) if pii is not None else frozenset(),
+        ttft_budget_ms=tightened(route.latency_budget.ttft_ms,
+                                 headers.get(TTFT_BUDGET_HEADER), TTFT_BUDGET_HEADER),
+        total_budget_ms=tightened(route.latency_budget.total_ms,
+                                  headers.get(TOTAL_BUDGET_HEADER), TOTAL_BUDGET_HEADER),
+        tenant_budget_left_micro_usd=tenant_budget_left_micro_usd,
+    )
+
+
+def _output_tokens(body: Mapping[str, Any], route_name: str, route: Route,
+                   stats: StatsSnapshot | None) -> tuple[int, OutputSource]:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise FeatureError(f"`{field}` must be a positive integer", param=field)
+        return value, "request"
+    if stats is not None:
+        mean = stats.output_tokens_mean.get(route_name)
+        if mean is not None:
+            return max(1, round(mean)), "route_mean"
+    return route.expected_output_tokens, "route_default"

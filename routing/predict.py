@@ -1,0 +1,109 @@
+"""Latency prediction for one request on one target, from live stats or declared priors.
+
+    TTFT  ≈ network + queue wait + fixed overhead + input tokens / prefill rate
+    total ≈ TTFT + output tokens / decode rate
+
+Queue wait models a backend that serves `max_concurrency` requests at once: a
+request waits when that many are already running (as counted by the gateway,
+or as reported by the backend's own `/metrics`), for the requests ahead of it
+to free a slot, each taking about one mean service time spread over the slots.
+A target with no `max_concurrency` (a shared API) only waits in the gateway's
+own queue. All times are milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from policies.load import ModelTarget
+from routing.stats import LOAD_FRESH_S, TargetSnapshot
+
+KV_CACHE_FULL = 0.95  # above this use a new request cannot start until one finishes
+
+
+@dataclass(frozen=True, slots=True)
+class TargetModel:
+    """Per-target constants, resolved once per policy so that prediction is arithmetic."""
+
+    key: str
+    target: ModelTarget
+    dedicated: bool
+    slots: int | None  # max_concurrency
+    prior_network_ms: float
+    prior_overhead_ms: float
+    prefill_ms_per_token: float
+    prior_decode_tokens_per_s: float
+    context_tokens: int | None
+    # Cost constants (see cost.py): micro-dollars per token, per GPU-millisecond.
+    input_micro_usd_per_token: float
+    output_micro_usd_per_token: float
+    gpu_micro_usd_per_ms: float
+
+    @classmethod
+    def of(cls, target: ModelTarget) -> TargetModel:
+        priors = target.spec.priors
+        return cls(
+            key=target.key, target=target,
+            dedicated=target.backend.deployment == "dedicated",
+            slots=target.backend.max_concurrency,
+            prior_network_ms=priors.network_ms,
+            prior_overhead_ms=priors.ttft_ms or 0.0,
+            prefill_ms_per_token=1000.0 / priors.prefill_tokens_per_s,
+            prior_decode_tokens_per_s=priors.decode_tokens_per_s,
+            context_tokens=target.spec.context_tokens,
+            input_micro_usd_per_token=target.spec.input_usd_per_mtok,
+            output_micro_usd_per_token=target.spec.output_usd_per_mtok,
+            # USD/hour × 1e6 µUSD/USD ÷ 3.6e6 ms/hour
+            gpu_micro_usd_per_ms=(target.backend.gpu_hour_usd or 0.0) / 3.6,
+        )
+
+
+class Prediction(NamedTuple):
+    ttft_ms: float
+    total_ms: float
+    queue_ms: float
+    explained_ttft_ms: float  # network + queue + prefill: the part not learnt as overhead
+    decode_tokens_per_s: float
+    measured: bool  # False while the target runs on its declared priors
+
+
+def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
+             stats: TargetSnapshot, now: float) -> tuple[float, float, float, float, float]:
+    """(ttft_ms, total_ms, queue_ms, explained_ttft_ms, decode_tokens_per_s) as a plain
+    tuple: `decide` calls this for every candidate, and a tuple is the cheapest result."""
+    network = model.prior_network_ms if stats.network_ms is None else stats.network_ms
+    overhead = model.prior_overhead_ms if stats.overhead_ms is None else stats.overhead_ms
+    decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
+    prefill = input_tokens * model.prefill_ms_per_token
+    decode_ms = output_tokens * 1000.0 / decode
+    slots = model.slots
+    # Requests that must finish before this one starts.
+    if slots is not None:
+        ahead = stats.in_flight + stats.queue_depth - slots + 1
+        if ahead < 0:
+            ahead = 0
+    else:
+        ahead = stats.queue_depth
+    if stats.load_at is not None and now - stats.load_at <= LOAD_FRESH_S:
+        # The backend's own view also counts other gateway replicas' requests.
+        reported = stats.backend_waiting or 0
+        if slots is not None and (stats.backend_running or 0) >= slots:
+            reported += 1
+        if stats.kv_cache_use is not None and stats.kv_cache_use >= KV_CACHE_FULL:
+            reported = max(reported, 1)
+        ahead = max(ahead, reported + stats.queue_depth)
+    queue = 0.0
+    if ahead:
+        service = stats.service_ms if stats.service_ms is not None else (
+            overhead + prefill + decode_ms)
+        queue = ahead * service / (slots or 1)
+    explained = network + queue + prefill
+    ttft = explained + overhead
+    return ttft, ttft + decode_ms, queue, explained, decode
+
+
+def predict(model: TargetModel, input_tokens: int, output_tokens: int,
+            stats: TargetSnapshot, now: float) -> Prediction:
+    return Prediction(*estimate(model, input_tokens, output_tokens, stats, now),
+                      measured=stats.samples > 0)

@@ -1,0 +1,201 @@
+"""Live statistics per target ("backend/model"), fed by the gateway, read by `decide`.
+
+`LiveStats` is the one mutable object of this package: the gateway owns one per
+process and calls it from the event loop only (no locks). Each call to
+`snapshot()` returns an immutable `StatsSnapshot` that `decide` reads; target
+snapshots are rebuilt only when that target changed, so taking a snapshot per
+request costs a dictionary copy.
+
+Times are milliseconds, rates tokens per second, `now` is seconds on whatever
+monotonic clock the caller uses (the gateway passes `loop.time()`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+EWMA_ALPHA = 0.2  # weight of the newest sample: ~10 samples of memory
+WINDOW_SAMPLES = 128  # for the windowed p50/p90
+OUTPUT_MEAN_HORIZON = 200  # the route's output mean is cumulative up to this many samples
+LOAD_FRESH_S = 15.0  # backend-reported load older than this is ignored
+UNHEALTHY_ERROR_RATE = 0.5  # EWMA error rate at which a target is considered down ...
+UNHEALTHY_MIN_SAMPLES = 3  # ... once it has this many results
+RETRY_UNHEALTHY_AFTER_S = 10.0  # ... and is tried again this long after its last error
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSnapshot:
+    samples: int = 0
+    network_ms: float | None = None  # EWMA of connect + response-header round trip
+    ttft_ms: float | None = None  # EWMA of time to first token, as measured
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    overhead_ms: float | None = None  # EWMA of the TTFT not explained by network/queue/prefill
+    decode_tokens_per_s: float | None = None  # EWMA, per stream
+    service_ms: float | None = None  # EWMA of a request's whole time on the backend
+    error_rate: float = 0.0  # EWMA of 0/1 outcomes
+    last_error_at: float | None = None
+    unhealthy_until: float | None = None  # set by the gateway's health checks / breaker
+    in_flight: int = 0  # requests the gateway has sent and not finished
+    queue_depth: int = 0  # requests waiting in the gateway's queue for this target
+    backend_waiting: int | None = None  # the backend's own /metrics, when it has them
+    backend_running: int | None = None
+    kv_cache_use: float | None = None  # 0..1
+    load_at: float | None = None  # when the backend's load was read
+    abs_ttft_error_ms: float | None = None  # EWMA of |actual - predicted| TTFT
+
+    def healthy(self, now: float) -> bool:
+        if self.unhealthy_until is not None and now < self.unhealthy_until:
+            return False
+        failing = self.samples >= UNHEALTHY_MIN_SAMPLES and self.error_rate >= UNHEALTHY_ERROR_RATE
+        return not (failing and self.last_error_at is not None
+                    and now - self.last_error_at < RETRY_UNHEALTHY_AFTER_S)
+
+    def load_is_fresh(self, now: float) -> bool:
+        return self.load_at is not None and now - self.load_at <= LOAD_FRESH_S
+
+
+EMPTY_TARGET = TargetSnapshot()
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSnapshot:
+    targets: Mapping[str, TargetSnapshot] = field(default_factory=lambda: MappingProxyType({}))
+    output_tokens_mean: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}))
+
+    def target(self, key: str) -> TargetSnapshot:
+        return self.targets.get(key, EMPTY_TARGET)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionError:
+    """actual − predicted, in ms (positive: slower than predicted); for the metric."""
+
+    ttft_ms: float | None
+    total_ms: float | None
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else old + EWMA_ALPHA * (sample - old)
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class _TargetStats:
+    """The mutable twin of `TargetSnapshot`; frozen into one when read."""
+
+    def __init__(self) -> None:
+        self.current = EMPTY_TARGET
+        self.changes: dict[str, object] = {}
+        self.ttft_window: deque[float] = deque(maxlen=WINDOW_SAMPLES)
+
+    def snapshot(self) -> TargetSnapshot:
+        if self.changes:
+            self.current = replace(self.current, **self.changes)  # type: ignore[arg-type]
+            self.changes = {}
+        return self.current
+
+
+class LiveStats:
+    def __init__(self) -> None:
+        self._targets: dict[str, _TargetStats] = {}
+        self._output_mean: dict[str, tuple[float, int]] = {}
+        self._snapshot: StatsSnapshot | None = None
+
+    def _update(self, key: str) -> tuple[TargetSnapshot, dict[str, object], _TargetStats]:
+        """(current values, the dict to write changes into, the target's record)."""
+        stats = self._targets.get(key)
+        if stats is None:
+            stats = self._targets[key] = _TargetStats()
+        self._snapshot = None
+        return stats.snapshot(), stats.changes, stats
+
+    # -- fed by the gateway around each upstream call -------------------------
+
+    def request_started(self, key: str) -> None:
+        current, changes, _ = self._update(key)
+        changes["in_flight"] = current.in_flight + 1
+
+    def request_finished(self, key: str) -> None:
+        current, changes, _ = self._update(key)
+        changes["in_flight"] = max(0, current.in_flight - 1)
+
+    def set_queue_depth(self, key: str, depth: int) -> None:
+        self._update(key)[1]["queue_depth"] = max(0, depth)
+
+    def set_backend_load(self, key: str, now: float, *, waiting: int | None,
+                         running: int | None, kv_cache_use: float | None = None) -> None:
+        """The backend's own view of its load (local_backend / vLLM `/metrics`)."""
+        self._update(key)[1].update(backend_waiting=waiting, backend_running=running,
+                                    kv_cache_use=kv_cache_use, load_at=now)
+
+    def mark_unhealthy(self, key: str, until: float) -> None:
+        self._update(key)[1]["unhealthy_until"] = until
+
+    def record_error(self, key: str, now: float) -> None:
+        """A connect error, timeout, 5xx or 429 from the target."""
+        current, changes, _ = self._update(key)
+        changes.update(samples=current.samples + 1, last_error_at=now,
+                       error_rate=_ewma(current.error_rate, 1.0))
+
+    def record_success(self, key: str, *, network_ms: float | None, ttft_ms: float | None,
+                       total_ms: float | None, output_tokens: int,
+                       explained_ttft_ms: float | None = None,
+                       predicted_ttft_ms: float | None = None,
+                       predicted_total_ms: float | None = None) -> PredictionError:
+        """A finished request. `explained_ttft_ms` is the part of the predicted TTFT
+        that network, queue wait and prefill account for; the rest of the measured
+        TTFT is learnt as the target's fixed overhead."""
+        current, changes, stats = self._update(key)
+        changes["samples"] = current.samples + 1
+        changes["error_rate"] = _ewma(current.error_rate, 0.0)
+        if network_ms is not None:
+            changes["network_ms"] = _ewma(current.network_ms, network_ms)
+        if ttft_ms is not None:
+            changes["ttft_ms"] = _ewma(current.ttft_ms, ttft_ms)
+            stats.ttft_window.append(ttft_ms)
+            ordered = sorted(stats.ttft_window)
+            changes["ttft_p50_ms"] = _percentile(ordered, 0.5)
+            changes["ttft_p90_ms"] = _percentile(ordered, 0.9)
+            if explained_ttft_ms is not None:
+                overhead = max(0.0, ttft_ms - explained_ttft_ms)
+                changes["overhead_ms"] = _ewma(current.overhead_ms, overhead)
+            if predicted_ttft_ms is not None:
+                changes["abs_ttft_error_ms"] = _ewma(
+                    current.abs_ttft_error_ms, abs(ttft_ms - predicted_ttft_ms))
+        if total_ms is not None:
+            changes["service_ms"] = _ewma(current.service_ms, total_ms)
+            if ttft_ms is not None and output_tokens > 1 and total_ms > ttft_ms:
+                rate = (output_tokens - 1) * 1000.0 / (total_ms - ttft_ms)
+                changes["decode_tokens_per_s"] = _ewma(current.decode_tokens_per_s, rate)
+        return PredictionError(
+            ttft_ms=None if ttft_ms is None or predicted_ttft_ms is None
+            else ttft_ms - predicted_ttft_ms,
+            total_ms=None if total_ms is None or predicted_total_ms is None
+            else total_ms - predicted_total_ms,
+        )
+
+    def record_output_tokens(self, route: str, tokens: int) -> None:
+        """Completion length of a finished request: the route's running mean."""
+        mean, count = self._output_mean.get(route, (0.0, 0))
+        count = min(count + 1, OUTPUT_MEAN_HORIZON)
+        self._output_mean[route] = (mean + (tokens - mean) / count, count)
+        self._snapshot = None
+
+    # -- read by decide ----------------------------------------------------------
+
+    def snapshot(self) -> StatsSnapshot:
+        if self._snapshot is None:
+            self._snapshot = StatsSnapshot(
+                targets=MappingProxyType(
+                    {key: stats.snapshot() for key, stats in self._targets.items()}),
+                output_tokens_mean=MappingProxyType(
+                    {route: mean for route, (mean, _) in self._output_mean.items()}),
+            )
+        return self._snapshot
