@@ -1,0 +1,178 @@
+// routegate live dashboard: polls dashboard/data and draws plain canvas charts.
+// No libraries and no build step, so the page works with no network beyond the gateway.
+"use strict";
+
+const POLL_MS = 2000;
+const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+
+function setupCanvas(canvas) {
+  // Draw at device resolution so text stays sharp; returns a context in CSS pixels.
+  const ratio = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth || 400, h = canvas.clientHeight || 220;
+  canvas.width = Math.round(w * ratio);
+  canvas.height = Math.round(h * ratio);
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  ctx.font = "12px system-ui, sans-serif";
+  return { ctx, w, h };
+}
+
+function emptyNote(ctx, w, h, text) {
+  ctx.fillStyle = css("--dim");
+  ctx.textAlign = "center";
+  ctx.fillText(text, w / 2, h / 2);
+}
+
+function niceMax(value) {
+  if (!(value > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(value)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= value) return m * p;
+  return 10 * p;
+}
+
+function axes(ctx, w, h, max, pad) {
+  ctx.strokeStyle = css("--grid");
+  ctx.fillStyle = css("--dim");
+  ctx.textAlign = "right";
+  for (let i = 0; i <= 4; i++) {
+    const y = pad.top + (h - pad.top - pad.bottom) * (1 - i / 4);
+    ctx.beginPath(); ctx.moveTo(pad.left, y); ctx.lineTo(w - pad.right, y); ctx.stroke();
+    ctx.fillText(formatNumber(max * i / 4), pad.left - 6, y + 4);
+  }
+}
+
+function formatNumber(v) {
+  if (v === null || v === undefined) return "–";
+  if (v === 0) return "0";
+  if (v >= 1000) return (v / 1000).toFixed(1) + "k";
+  if (v >= 10) return v.toFixed(0);
+  return v.toFixed(v >= 1 ? 1 : 2);
+}
+
+// Grouped bars: for each group (backend), one bar per series at p50 with a p95 tick.
+function groupedBars(canvas, groups, series) {
+  const { ctx, w, h } = setupCanvas(canvas);
+  const pad = { top: 10, right: 10, bottom: 28, left: 48 };
+  let points = 0, max = 0;
+  for (const g of groups) for (const s of series) {
+    const v = g.values[s.key];
+    if (v && v.p95 !== null) max = Math.max(max, v.p95);
+    if (v && v.p50 !== null) max = Math.max(max, v.p50);
+  }
+  if (!groups.length) { emptyNote(ctx, w, h, "no traffic yet"); canvas.dataset.points = 0; return; }
+  max = niceMax(max);
+  axes(ctx, w, h, max, pad);
+  const plotW = w - pad.left - pad.right, plotH = h - pad.top - pad.bottom;
+  const groupW = plotW / groups.length;
+  const barW = Math.min(40, (groupW * 0.7) / series.length);
+  groups.forEach((g, gi) => {
+    const x0 = pad.left + gi * groupW + (groupW - barW * series.length) / 2;
+    series.forEach((s, si) => {
+      const v = g.values[s.key];
+      const x = x0 + si * barW;
+      if (!v || v.p50 === null) {
+        ctx.fillStyle = css("--dim"); ctx.textAlign = "center";
+        ctx.fillText("n/a", x + barW / 2, pad.top + plotH - 4);
+        return;
+      }
+      const y = pad.top + plotH * (1 - v.p50 / max);
+      ctx.fillStyle = css(s.color);
+      ctx.fillRect(x + 2, y, barW - 4, pad.top + plotH - y);
+      points++;
+      if (v.p95 !== null) {
+        const y95 = pad.top + plotH * (1 - v.p95 / max);
+        ctx.strokeStyle = css("--p95"); ctx.lineWidth = 2;
+        ctx.beginPath(); ctx.moveTo(x + 1, y95); ctx.lineTo(x + barW - 1, y95); ctx.stroke();
+        ctx.lineWidth = 1;
+      }
+    });
+    ctx.fillStyle = css("--ink"); ctx.textAlign = "center";
+    ctx.fillText(g.name, pad.left + gi * groupW + groupW / 2, h - 8);
+  });
+  canvas.dataset.points = points;
+}
+
+function rateChart(canvas, rate) {
+  const { ctx, w, h } = setupCanvas(canvas);
+  const pad = { top: 10, right: 10, bottom: 20, left: 48 };
+  const max = niceMax(Math.max(...rate, 0));
+  axes(ctx, w, h, max, pad);
+  const plotW = w - pad.left - pad.right, plotH = h - pad.top - pad.bottom;
+  const step = plotW / Math.max(rate.length - 1, 1);
+  ctx.strokeStyle = css("--e2e"); ctx.lineWidth = 2; ctx.beginPath();
+  rate.forEach((v, i) => {
+    const x = pad.left + i * step, y = pad.top + plotH * (1 - v / max);
+    if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+  });
+  ctx.stroke(); ctx.lineWidth = 1;
+  canvas.dataset.points = rate.filter((v) => v > 0).length;
+}
+
+function shareChart(canvas, share) {
+  const { ctx, w, h } = setupCanvas(canvas);
+  const entries = Object.entries(share).sort((a, b) => b[1] - a[1]);
+  const total = entries.reduce((sum, [, n]) => sum + n, 0);
+  if (!total) { emptyNote(ctx, w, h, "no traffic yet"); canvas.dataset.points = 0; return; }
+  const palette = ["--e2e", "--inf", "--p95", "--bad", "--dim"];
+  const barH = Math.min(28, (h - 10) / entries.length - 6);
+  entries.forEach(([name, n], i) => {
+    const y = 5 + i * (barH + 6), width = (w - 160) * n / total;
+    ctx.fillStyle = css(palette[i % palette.length]);
+    ctx.fillRect(100, y, width, barH);
+    ctx.fillStyle = css("--ink"); ctx.textAlign = "right";
+    ctx.fillText(name, 92, y + barH / 2 + 4);
+    ctx.textAlign = "left";
+    ctx.fillText(`${(100 * n / total).toFixed(0)}% (${n})`, 106 + width, y + barH / 2 + 4);
+  });
+  canvas.dataset.points = entries.length;
+}
+
+function fillTable(id, rows) {
+  const body = document.querySelector(`#${id} tbody`);
+  body.replaceChildren(...rows.map((cells) => {
+    const tr = document.createElement("tr");
+    for (const cell of cells) {
+      const td = document.createElement("td");
+      td.textContent = cell;  // textContent: names come from the policy, never as HTML
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
+function render(data) {
+  const groups = Object.entries(data.backends).map(([name, b]) => ({ name, values: b }));
+  groupedBars(document.getElementById("chart-e2e"), groups,
+    [{ key: "e2e_ms", color: "--e2e" }, { key: "inference_ms", color: "--inf" }]);
+  groupedBars(document.getElementById("chart-latency"), groups,
+    [{ key: "queue_ms", color: "--e2e" }, { key: "ttft_ms", color: "--inf" }]);
+  rateChart(document.getElementById("chart-rate"), data.rate_per_s);
+  shareChart(document.getElementById("chart-share"), data.share);
+  const unreported = groups.filter((g) => g.values.inference_reported === 0).map((g) => g.name);
+  document.getElementById("inference-note").textContent = unreported.length
+    ? `No inference time reported by: ${unreported.join(", ")} (shown as n/a, never estimated).`
+    : "";
+  fillTable("reasons", Object.entries(data.reasons).sort((a, b) => b[1] - a[1]));
+  fillTable("rejections", Object.entries(data.rejections).sort((a, b) => b[1] - a[1]));
+  fillTable("backends", groups.map((g) =>
+    [g.name, g.values.requests, g.values.errors, g.values.spend_usd.toFixed(4)]));
+  document.getElementById("spend").textContent = "$" + data.spend_usd.toFixed(4);
+  document.getElementById("status").textContent =
+    `${data.requests} requests in the last ${data.window_s} s · updated ${new Date().toLocaleTimeString()}`;
+  document.body.dataset.rendered = String(Number(document.body.dataset.rendered) + 1);
+}
+
+async function poll() {
+  try {
+    const response = await fetch("dashboard/data", { cache: "no-store" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    render(await response.json());
+  } catch (err) {
+    document.getElementById("status").textContent = `data unavailable: ${err.message}`;
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+poll();

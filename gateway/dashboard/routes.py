@@ -1,0 +1,39 @@
+"""`GET /dashboard`: a live page over the gateway's recent traffic.
+
+Static HTML + one JS file shipped in the package (no build step, no external
+assets, so it works air-gapped), polling `GET /dashboard/data` — the JSON
+summary from `LiveStats` — every few seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from gateway.telemetry.live import LiveStats
+
+HERE = Path(__file__).resolve().parent
+# Read once at import: two small files, and a handler must not touch the disk.
+_PAGE = (HERE / "index.html").read_bytes()
+_SCRIPT = (HERE / "dashboard.js").read_bytes()
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def dashboard_routes(live: LiveStats, *, prefix: str = "/dashboard") -> list[web.RouteDef]:
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=_PAGE, content_type="text/html", charset="utf-8")
+
+    async def script(request: web.Request) -> web.Response:
+        return web.Response(body=_SCRIPT, content_type="application/javascript", charset="utf-8")
+
+    async def data(request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(live.snapshot()), content_type="application/json",
+                            headers=_NO_STORE)
+
+    return [
+        web.get(prefix, page),
+        web.get(f"{prefix}/dashboard.js", script),
+        web.get(f"{prefix}/data", data),
+    ]

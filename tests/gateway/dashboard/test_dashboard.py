@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.dashboard import dashboard_routes
+from gateway.telemetry.live import LiveStats, Sample
+from tests.gateway.dashboard.chromium import chromium_or_skip, png_colours, run_chromium
+
+
+def traffic(live: LiveStats) -> None:
+    now = live.clock()
+    for i in range(40):
+        local = i % 4 != 0
+        live.record(Sample(
+            at_s=now - i * 0.5, backend="local" if local else "openai", route="chat",
+            status=200 if i != 7 else 502, total_ms=120.0 + i * 3, queue_ms=4.0 + i % 5,
+            ttft_ms=40.0 + i, inference_ms=(90.0 + i * 2) if local else None,
+            reason="cheapest" if local else "fastest", cost_usd=0.0 if local else 0.0004,
+        ))
+    live.rejected("rate_limit")
+    live.rejected("shed")
+
+
+@pytest.fixture
+async def dashboard() -> AsyncIterator[tuple[TestClient, LiveStats]]:
+    live = LiveStats()
+    app = web.Application()
+    app.add_routes(dashboard_routes(live))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        yield client, live
+
+
+async def test_page_and_script_are_served_without_external_assets(
+    dashboard: tuple[TestClient, LiveStats],
+) -> None:
+    client, _ = dashboard
+    page = await client.get("/dashboard")
+    assert page.status == 200 and page.content_type == "text/html"
+    html = await page.text()
+    script = await (await client.get("/dashboard/dashboard.js")).text()
+    for text in (html, script):
+        assert not re.search(r"""(src|href)=["']https?://""", text)
+        assert "cdn" not in text.lower()
+    assert 'src="dashboard/dashboard.js"' in html
+
+
+async def test_data_endpoint_summarises_per_backend(
+    dashboard: tuple[TestClient, LiveStats],
+) -> None:
+    client, live = dashboard
+    traffic(live)
+    data = await (await client.get("/dashboard/data")).json()
+    assert set(data["backends"]) == {"local", "openai"}
+    assert data["backends"]["openai"]["inference_ms"] == {"p50": None, "p95": None}
+    assert data["backends"]["local"]["inference_ms"]["p95"] is not None
+    assert data["share"] == {"local": 30, "openai": 10}
+    assert data["rejections"] == {"rate_limit": 1, "shed": 1}
+
+
+@pytest.mark.slow
+async def test_page_renders_charts_with_data_in_headless_chromium(
+    dashboard: tuple[TestClient, LiveStats], tmp_path: Path,
+) -> None:
+    binary = chromium_or_skip()
+    client, live = dashboard
+    traffic(live)
+    url = str(client.make_url("/dashboard"))
+    dom = await run_chromium(binary, tmp_path / "profile", "--dump-dom", url)
+    rendered = re.search(r'<body data-rendered="(\d+)"', dom)
+    assert rendered and int(rendered.group(1)) >= 1, dom[:500]
+    for chart in ("chart-e2e", "chart-latency", "chart-rate", "chart-share"):
+        points = re.search(rf'id="{chart}" data-points="(\d+)"', dom)
+        assert points and int(points.group(1)) > 0, chart
+    assert "40 requests" in dom
+    assert "No inference time reported by: openai" in dom
+
+    shot = tmp_path / "dashboard.png"
+    await run_chromium(binary, tmp_path / "profile", f"--screenshot={shot}", url)
+    width, height, distinct_rows = png_colours(shot)
+    assert (width, height) == (1280, 1000)
+    assert shot.stat().st_size > 20_000
+    assert distinct_rows > 100  # text and charts, not a blank page
+
