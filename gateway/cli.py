@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway import serve
+from gateway import key_commands, policy_commands, serve
 
-COMMANDS = (serve,)
+COMMANDS = (serve, policy_commands, key_commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

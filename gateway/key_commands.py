@@ -18,13 +18,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Give the key to the client and put only the hash in the policy file.")
     make.add_argument("--count", type=int, default=1, help="how many keys (default 1)")
     make.add_argument("--json", action="store_true", help="one JSON object per key")
-    make.set_defaults(handler=lambda args: keys_new(count=args.count, as_json=args.json))
+    make.set_defaults(func=lambda args: keys_new(count=args.count, as_json=args.json))
     hashed = commands.add_parser(
         "hash", help="print the hash of an existing key",
         description="Without KEY the key is read from standard input, which keeps it out "
                     "of the shell history.")
     hashed.add_argument("key", nargs="?", help="the API key (default: read standard input)")
-    hashed.set_defaults(handler=lambda args: keys_hash(args.key))
+    hashed.set_defaults(func=lambda args: keys_hash(args.key))
 
 
 def keys_new(*, count: int = 1, as_json: bool = False, out: TextIO | None = None) -> int:

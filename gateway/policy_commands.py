@@ -25,11 +25,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("--strict", action="store_true", help="warnings fail the check too")
     check.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                        help="set a variable for ${NAME} references (repeatable)")
-    check.set_defaults(handler=lambda args: check_files(
+    check.set_defaults(func=lambda args: check_files(
         args.files, as_json=args.json, strict=args.strict, environ=environ_with(args.env)))
 
     schema = commands.add_parser("schema", help="print the JSON Schema of policy files")
-    schema.set_defaults(handler=lambda args: print_schema())
+    schema.set_defaults(func=lambda args: print_schema())
 
 
 def environ_with(assignments: Sequence[str]) -> dict[str, str]:

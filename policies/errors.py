@@ -31,6 +31,9 @@ class PolicyIssue:
             text += f" (hint: {self.hint})"
         return text
 
+    def __str__(self) -> str:
+        return self.render()
+
     def as_dict(self) -> dict[str, object]:
         return {
             "source": self.source, "line": self.line, "column": self.column,

@@ -34,7 +34,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     policy_commands.add_parser(subparsers)
     key_commands.add_parser(subparsers)
     args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
+    handler: Callable[[argparse.Namespace], int] = args.func
     code = handler(args)
     return code, capsys.readouterr().out
 
