@@ -24,6 +24,7 @@ SECONDS_PER_HOUR = 3600.0
 class Periods:
     day: str  # "2026-11-29"
     month: str  # "2026-11"
+    day_starts_at: float  # epoch seconds of this day's 00:00 UTC
     day_resets_at: float  # epoch seconds of the next 00:00 UTC
     month_resets_at: float  # epoch seconds of the next 1st, 00:00 UTC
 
@@ -38,9 +39,26 @@ def periods_at(now: float) -> Periods:
     return Periods(
         day=moment.strftime("%Y-%m-%d"),
         month=moment.strftime("%Y-%m"),
+        day_starts_at=day_start.timestamp(),
         day_resets_at=(day_start + timedelta(days=1)).timestamp(),
         month_resets_at=next_month.timestamp(),
     )
+
+
+class PeriodCache:
+    """`periods_at` for the hot path: recomputed only when `now` leaves the cached day
+    (calendar arithmetic costs ~7 µs, more than the rest of an admission)."""
+
+    __slots__ = ("_current",)
+
+    def __init__(self) -> None:
+        self._current = periods_at(0.0)
+
+    def at(self, now: float) -> Periods:
+        current = self._current
+        if not current.day_starts_at <= now < current.day_resets_at:
+            current = self._current = periods_at(now)
+        return current
 
 
 def usd_to_micros(usd: float | None) -> int | None:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gateway.limits.ledger import periods_at
+from gateway.limits.ledger import PeriodCache
 from gateway.limits.store import (
     WINDOW_S,
     BudgetLimits,
@@ -69,46 +69,47 @@ class MemoryStore:
         self.name: StoreName = name
         self.share = share  # every limit is divided by it
         self._windows: dict[tuple[str, str], _Window] = {}
-        # reservation id → its entry in each scope, dropped at settlement
-        self._pending: dict[str, list[tuple[_Window, _Entry]]] = {}
         self._ledger: dict[str, tuple[PeriodUsage, PeriodUsage]] = {}
-
-    def _scaled(self, limit: int | None) -> int | None:
-        if limit is None or self.share == 1:
-            return limit
-        return max(1, limit // self.share)
+        self._periods_cache = PeriodCache()
 
     def admit_now(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                   budget: BudgetLimits, now: float, request_id: str) -> Decision:
         """The synchronous admission (`admit` without the coroutine, for benchmarks)."""
         day, month = self._periods(tenant, now)
         if budget.day_micros is not None and day.spend_micros >= budget.day_micros:
-            return self._over_budget("budget_day", budget.day_micros, day, month, scopes)
+            return self._over_budget("budget_day", budget.day_micros, day, month)
         if budget.month_micros is not None and month.spend_micros >= budget.month_micros:
-            return self._over_budget("budget_month", budget.month_micros, day, month, scopes)
+            return self._over_budget("budget_month", budget.month_micros, day, month)
 
         cutoff = now - WINDOW_S
+        share = self.share
+        all_windows = self._windows
         windows: list[_Window] = []
         rejection: Rejection | None = None
         for scope in scopes:
-            window = self._windows.get((tenant, scope.key))
+            window = all_windows.get((tenant, scope.key))
             if window is None:
-                window = self._windows[(tenant, scope.key)] = _Window()
-            window.expire(cutoff)
+                window = all_windows[(tenant, scope.key)] = _Window()
+            entries = window.entries
+            if entries and entries[0].at <= cutoff:
+                window.expire(cutoff)
             windows.append(window)
             if rejection is not None:
                 continue
-            rpm = self._scaled(scope.requests_per_minute)
-            tpm = self._scaled(scope.tokens_per_minute)
-            count = len(window.entries)
-            if rpm is not None and count + 1 > rpm:
+            rpm, tpm = scope.requests_per_minute, scope.tokens_per_minute
+            if share != 1:
+                rpm = None if rpm is None else max(1, rpm // share)
+                tpm = None if tpm is None else max(1, tpm // share)
+            count = len(entries)
+            if rpm is not None and count >= rpm:
                 rejection = Rejection("requests", scope, rpm, count, 1,
-                                      max(0.0, window.entries[0].at + WINDOW_S - now)
-                                      if window.entries else WINDOW_S)
+                                      max(0.0, entries[0].at + WINDOW_S - now)
+                                      if entries else WINDOW_S)
             elif tpm is not None and window.tokens + tokens > tpm:
                 rejection = Rejection("tokens", scope, tpm, window.tokens, tokens,
                                       None if tokens > tpm
                                       else window.tokens_retry_after(tokens, tpm, now))
+        reservation = None
         if rejection is None:
             placed = []
             for window in windows:
@@ -116,14 +117,15 @@ class MemoryStore:
                 window.entries.append(entry)
                 window.tokens += tokens
                 placed.append((window, entry))
-            self._pending[request_id] = placed
-        states = tuple(
+            # the reservation carries its entries, so nothing is left behind if it is
+            # never settled
+            reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now,
+                                      self.name, placed)
+        states = tuple([
             ScopeState(scope, len(window.entries), window.tokens,
                        window.entries[0].at if window.entries else None)
             for scope, window in zip(scopes, windows, strict=True)
-        )
-        reservation = None if rejection else Reservation(
-            request_id, tenant, tuple(scopes), tokens, now, self.name)
+        ])
         return Decision(reservation, rejection, states, day.spend_micros, month.spend_micros)
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
@@ -134,7 +136,8 @@ class MemoryStore:
                      now: float) -> None:
         delta = actual_tokens - reservation.tokens
         cutoff = now - WINDOW_S
-        for window, entry in self._pending.pop(reservation.id, ()):
+        placed: list[tuple[_Window, _Entry]] = reservation.handle or []  # type: ignore[assignment]
+        for window, entry in placed:
             window.expire(cutoff)
             if entry.live:
                 entry.tokens += delta
@@ -156,7 +159,7 @@ class MemoryStore:
         return None
 
     def _periods(self, tenant: str, now: float) -> tuple[PeriodUsage, PeriodUsage]:
-        periods = periods_at(now)
+        periods = self._periods_cache.at(now)
         current = self._ledger.get(tenant)
         if current is None or current[0].period != periods.day:
             # a new day (and maybe month): older periods are dropped, keeping memory bounded
@@ -165,8 +168,8 @@ class MemoryStore:
             current = self._ledger[tenant] = (PeriodUsage(periods.day), month)
         return current
 
-    def _over_budget(self, kind: str, limit: int, day: PeriodUsage, month: PeriodUsage,
-                     scopes: Sequence[Scope]) -> Decision:
+    def _over_budget(self, kind: str, limit: int, day: PeriodUsage,
+                     month: PeriodUsage) -> Decision:
         used = day.spend_micros if kind == "budget_day" else month.spend_micros
         rejection = Rejection("budget_day" if kind == "budget_day" else "budget_month",
                               None, limit, used, 0, None)

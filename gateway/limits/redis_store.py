@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway.limits.ledger import periods_at
+from gateway.limits.ledger import PeriodCache, Periods
 from gateway.limits.store import (
     WINDOW_S,
     BudgetLimits,
@@ -72,8 +72,7 @@ def _scope_keys(tenant: str, scopes: Sequence[Scope]) -> list[str]:
     return keys
 
 
-def _ledger_keys(tenant: str, now: float) -> list[str]:
-    periods = periods_at(now)
+def _ledger_keys(tenant: str, periods: Periods) -> list[str]:
     return [f"rg:{{{tenant}}}:spend:d:{periods.day}", f"rg:{{{tenant}}}:spend:m:{periods.month}"]
 
 
@@ -93,6 +92,7 @@ class RedisStore:
         self._op_timeout_s = op_timeout_s
         self._admit = client.register_script(_script("admit.lua"))
         self._settle = client.register_script(_script("settle.lua"))
+        self._periods = PeriodCache()
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -112,7 +112,7 @@ class RedisStore:
         for scope in scopes:
             args += [_limit(scope.requests_per_minute), _limit(scope.tokens_per_minute)]
         args.append(SCOPE_TTL_MS)
-        keys = _scope_keys(tenant, scopes) + _ledger_keys(tenant, now)
+        keys = _scope_keys(tenant, scopes) + _ledger_keys(tenant, self._periods.at(now))
         reply = await self._call(self._admit(keys=keys, args=args))
         verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         which, limit, used, requested, retry_ms, spent_day, spent_month = (
@@ -133,7 +133,7 @@ class RedisStore:
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
         keys = (_scope_keys(reservation.tenant, reservation.scopes)
-                + _ledger_keys(reservation.tenant, now))
+                + _ledger_keys(reservation.tenant, self._periods.at(now)))
         args: list[int | str] = [
             int(now * 1000), WINDOW_MS, reservation.id, actual_tokens - reservation.tokens,
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
@@ -141,8 +141,8 @@ class RedisStore:
         await self._call(self._settle(keys=keys, args=args))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
-        day_key, month_key = _ledger_keys(tenant, now)
-        periods = periods_at(now)
+        periods = self._periods.at(now)
+        day_key, month_key = _ledger_keys(tenant, periods)
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(day_key)
         pipe.hgetall(month_key)

@@ -78,6 +78,7 @@ class Reservation:
     tokens: int  # the estimate reserved at admission
     admitted_at: float
     store: StoreName  # which store holds the entries (fail-open may use the fallback)
+    handle: object = field(default=None, compare=False, repr=False)  # the store's own
 
 
 @dataclass(frozen=True, slots=True)
