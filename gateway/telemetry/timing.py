@@ -12,6 +12,10 @@
 - `ttft`: request arrival → first content token relayed (what the client felt).
 - `inference`: the backend's own report of model time (see `inference_time.py`);
   absent when the backend reports nothing — never derived from our clock.
+- `upstream-fb`: upstream request sent → response headers, of the attempt that answered.
+
+Other named waits (`add_wait(name, s)`, e.g. a future "admission" wait) are shown
+under their own names and, like the queue, are not counted as gateway time.
 
 A stream's headers leave before the upstream finishes, so its header carries the
 split as of that moment; the final figures follow in one SSE comment line
@@ -41,6 +45,7 @@ class TimingSplit:
     upstream_first_byte_ms: float | None = None  # upstream request sent → response headers
     inter_token_ms: float | None = None  # mean gap between relayed tokens
     inference: InferenceReport = UNKNOWN
+    other_waits_ms: tuple[tuple[str, float], ...] = ()  # named waits besides the queue
 
     @property
     def inference_ms(self) -> float | None:
@@ -48,9 +53,11 @@ class TimingSplit:
 
     def server_timing(self) -> str:
         """The `Server-Timing` header value (durations in ms, as the spec defines)."""
-        parts = [
+        parts: list[tuple[str, float | None]] = [
             ("gw", self.gw_ms),
             ("queue", self.queue_ms),
+            *self.other_waits_ms,
+            ("upstream-fb", self.upstream_first_byte_ms),
             ("upstream", self.upstream_ms),
             ("ttft", self.ttft_ms),
             ("inference", self.inference_ms),
@@ -78,6 +85,7 @@ class RequestTimings:
     end_s: float | None = None
     inference: InferenceReport = UNKNOWN
     tokens_relayed: int = 0
+    waits_s: dict[str, float] = field(default_factory=dict)  # add_wait names but "queue"
     _queue_started_s: float | None = None
     _upstream_started_s: float | None = None
     _attempt_started_s: float | None = None  # the latest attempt, kept after it ends
@@ -104,6 +112,7 @@ class RequestTimings:
 
     # upstream --------------------------------------------------------------
     def upstream_started(self) -> None:
+        self.upstream_ended()  # a failed attempt that was never closed still counts
         self._upstream_started_s = self._attempt_started_s = self.clock()
         self._first_byte_s = None
 
@@ -115,13 +124,39 @@ class RequestTimings:
             self.upstream_s += self.clock() - self._upstream_started_s
             self._upstream_started_s = None
 
-    def token(self) -> None:
-        """A content-bearing chunk was relayed to the client."""
+    def token(self, count: int = 1) -> None:
+        """`count` content-bearing events were relayed to the client (one network write)."""
         now = self.clock()
         if self._first_token_s is None:
             self._first_token_s = now
         self._last_token_s = now
-        self.tokens_relayed += 1
+        self.tokens_relayed += count
+
+    # the pipeline's original ServerTiming interface ------------------------
+    @property
+    def start(self) -> float:
+        return self.start_s
+
+    def add_wait(self, name: str, seconds: float) -> None:
+        """Time spent waiting outside the gateway's control (`queue`, …); not gateway time."""
+        if name == "queue":
+            self.queue_s += seconds
+        else:
+            self.waits_s[name] = self.waits_s.get(name, 0.0) + seconds
+
+    def add_metric(self, name: str, ms: float) -> None:
+        """A figure reported by someone else; `inference` feeds the inference report."""
+        if name == "inference":
+            self.report(InferenceReport(inference_ms=ms, source="reported"))
+
+    def upstream_responded(self) -> None:
+        self.upstream_first_byte()
+
+    def upstream_finished(self) -> None:
+        self.upstream_ended()
+
+    def header(self) -> str:
+        return self.split().server_timing()
 
     def report(self, report: InferenceReport) -> None:
         self.inference = self.inference.merged(report)
@@ -147,8 +182,9 @@ class RequestTimings:
             upstream_s += now - self._upstream_started_s
         total_ms = _ms(now - self.start_s)
         queue_ms, upstream_ms = _ms(queue_s), _ms(upstream_s)
-        # gw is the remainder of the rounded figures, so the three add up exactly.
-        gw_ms = round(max(total_ms - queue_ms - upstream_ms, 0.0), 3)
+        other = tuple((name, _ms(seconds)) for name, seconds in self.waits_s.items())
+        # gw is the remainder of the rounded figures, so the parts add up exactly.
+        gw_ms = round(max(total_ms - queue_ms - upstream_ms - sum(ms for _, ms in other), 0.0), 3)
         first_byte_ms = None
         if self._first_byte_s is not None and self._attempt_started_s is not None:
             first_byte_ms = _ms(self._first_byte_s - self._attempt_started_s)
@@ -163,6 +199,7 @@ class RequestTimings:
             upstream_first_byte_ms=first_byte_ms,
             inter_token_ms=self._inter_token_ms(),
             inference=self.inference,
+            other_waits_ms=other,
         )
 
     def _inter_token_ms(self) -> float | None:

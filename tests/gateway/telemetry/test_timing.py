@@ -38,13 +38,15 @@ def test_server_timing_header_names_every_figure_in_order() -> None:
     clock = FakeClock()
     t = RequestTimings(clock=clock)
     t.upstream_started()
+    clock.advance_ms(5)
+    t.upstream_first_byte()
     clock.advance_ms(10)
     t.token()
     t.report(InferenceReport(inference_ms=7.5))
     t.finish()
     header = t.split().server_timing()
     assert list(parse_server_timing(header)) == [
-        "gw", "queue", "upstream", "ttft", "inference", "total"
+        "gw", "queue", "upstream-fb", "upstream", "ttft", "inference", "total"
     ]
     assert "inference;dur=7.500" in header
 
@@ -119,3 +121,27 @@ def test_gw_plus_queue_plus_upstream_equals_total_within_a_millisecond(
     figures = parse_server_timing(t.split().server_timing())
     assert abs(figures["gw"] + figures["queue"] + figures["upstream"] - figures["total"]) <= 1.0
     assert figures["gw"] >= 0
+
+
+def test_named_waits_reported_by_plug_ins_are_not_gateway_time() -> None:
+    clock = FakeClock()
+    t = RequestTimings(clock=clock)
+    clock.advance_ms(50)
+    t.add_wait("queue", 0.030)
+    t.add_wait("admission", 0.010)
+    t.finish()
+    figures = parse_server_timing(t.header())
+    assert figures["queue"] == 30 and figures["admission"] == 10
+    assert figures["gw"] == 10
+
+
+def test_an_unclosed_failed_attempt_is_still_upstream_time() -> None:
+    clock = FakeClock()
+    t = RequestTimings(clock=clock)
+    t.upstream_started()
+    clock.advance_ms(30)  # connection refused; the pipeline moves on without closing
+    t.upstream_started()
+    clock.advance_ms(20)
+    t.upstream_finished()
+    t.finish()
+    assert t.split().upstream_ms == 50
