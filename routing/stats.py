@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 EWMA_ALPHA = 0.2  # weight of the newest sample: ~10 samples of memory
+ERROR_ALPHA = 0.3  # error rate from 0: three failures in a row read as 66 %
 WINDOW_SAMPLES = 128  # for the windowed p50/p90
 OUTPUT_MEAN_HORIZON = 200  # the route's output mean is cumulative up to this many samples
 LOAD_FRESH_S = 15.0  # backend-reported load older than this is ignored
@@ -79,8 +80,8 @@ class PredictionError:
     total_ms: float | None
 
 
-def _ewma(old: float | None, sample: float) -> float:
-    return sample if old is None else old + EWMA_ALPHA * (sample - old)
+def _ewma(old: float | None, sample: float, alpha: float = EWMA_ALPHA) -> float:
+    return sample if old is None else old + alpha * (sample - old)
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
@@ -142,7 +143,7 @@ class LiveStats:
         """A connect error, timeout, 5xx or 429 from the target."""
         current, changes, _ = self._update(key)
         changes.update(samples=current.samples + 1, last_error_at=now,
-                       error_rate=_ewma(current.error_rate, 1.0))
+                       error_rate=_ewma(current.error_rate, 1.0, ERROR_ALPHA))
 
     def record_success(self, key: str, *, network_ms: float | None, ttft_ms: float | None,
                        total_ms: float | None, output_tokens: int,
@@ -154,7 +155,7 @@ class LiveStats:
         TTFT is learnt as the target's fixed overhead."""
         current, changes, stats = self._update(key)
         changes["samples"] = current.samples + 1
-        changes["error_rate"] = _ewma(current.error_rate, 0.0)
+        changes["error_rate"] = _ewma(current.error_rate, 0.0, ERROR_ALPHA)
         if network_ms is not None:
             changes["network_ms"] = _ewma(current.network_ms, network_ms)
         if ttft_ms is not None:

