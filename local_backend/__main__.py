@@ -1,0 +1,114 @@
+"""`python -m local_backend --model PATH|demo [--host H] [--port P] ...`: load, then serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from aiohttp import web
+
+from local_backend.demo import ensure_demo_model
+from local_backend.engine.loop import Engine, EngineConfig
+from local_backend.engine.runner import ModelRunner
+from local_backend.model.config import ModelLoadError
+from local_backend.model.loader import load_model
+from local_backend.server.app import create_app
+from local_backend.telemetry import install, tracer_provider_from_env
+from local_backend.tokenizer import Tokenizer
+
+log = logging.getLogger("local_backend")
+CPU_KV_BUDGET_BYTES = 1 << 30  # default KV cache on CPU: 1 GiB
+GPU_KV_FRACTION = 0.85  # of the memory left free after loading the weights
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m local_backend", description=__doc__)
+    p.add_argument("--model", required=True, help="checkpoint directory, or 'demo'")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences per batch")
+    p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 429")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: by memory)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    return p.parse_args(argv)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("ROUTEGATE_CACHE_DIR") or Path(base) / "routegate")
+
+
+def eos_ids(directory: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, config.json and the tokenizer's eos_token, merged."""
+    ids = list(config_eos)
+    gen = directory / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        ids += value if isinstance(value, list) else [] if value is None else [value]
+    token = tokenizer.token_id(tokenizer.eos_token)
+    if token is not None:
+        ids.append(token)
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if use_cuda:
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.float32
+        # Without this, tiny activations turn denormal and CPU matmuls slow down ~20x.
+        torch.set_flush_denormal(True)
+    torch.set_num_threads(args.threads or max(1, min(os.cpu_count() or 1, 8)))
+    try:
+        directory = ensure_demo_model(cache_dir()) if args.model == "demo" else Path(args.model)
+        name = "demo" if args.model == "demo" else directory.resolve().name
+        model = load_model(directory, device=device, dtype=dtype,
+                           progress=sys.stderr if sys.stderr.isatty() else None)
+        tokenizer = Tokenizer.from_dir(directory)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
+    num_blocks = args.num_blocks
+    if num_blocks is None:
+        if use_cuda:
+            free, _ = torch.cuda.mem_get_info()
+            num_blocks = int(free * GPU_KV_FRACTION) // per_block
+        else:
+            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
+            num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+        block_size=args.block_size, num_blocks=num_blocks,
+        max_num_batched_tokens=2048 if use_cuda else 512,
+        max_model_len=model.config.max_position_embeddings,
+    )
+    engine = Engine(model, tokenizer, config,
+                    eos_token_ids=eos_ids(directory, model.config.eos_token_ids, tokenizer))
+    provider = tracer_provider_from_env()
+    app = create_app(engine, model_name=name, tracer=install(provider))
+    log.info("serving %s on http://%s:%d (%s, %s, %d KV blocks of %d tokens)", name, args.host,
+             args.port, device, str(dtype).removeprefix("torch."), num_blocks, args.block_size)
+    try:
+        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None,
+                    handler_cancellation=True)
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The engine: a thread that runs scheduler → model → sampler steps, and the asyncio face of it.
+
+Requests enter through a thread-safe inbox; each step's new tokens go back to the
+event loop in one `call_soon_threadsafe` per loop, into each request's own
+asyncio queue. Nothing here blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+import typing
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from local_backend.engine.block_manager import BlockManager
+from local_backend.engine.runner import ModelRunner
+from local_backend.engine.sampler import Sampler, TokenLogprob
+from local_backend.engine.scheduler import Scheduler
+from local_backend.engine.sequence import SamplingParams, Sequence, Timings
+from local_backend.model.llama import LlamaForCausalLM
+from local_backend.tokenizer import Detokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The waiting queue is at `max_waiting`; the caller should answer 429."""
+
+
+class RequestRejected(ValueError):
+    """The request can never run (prompt too long for the model or the KV cache)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 32
+    max_waiting: int = 256
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_num_batched_tokens: int = 512  # per step: decode tokens + prefill chunks
+    max_model_len: int = 2048
+    prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    text: str  # new text since the previous output (may be empty while a stop string is possible)
+    token_ids: list[int]
+    time: float  # monotonic time the newest token was produced
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort | error
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    preemptions: int = 0
+    timings: Timings | None = None  # set on the final output
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_usage: float
+    free_blocks: int
+    num_blocks: int
+    preemptions: int
+
+
+_Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
+_Delivery = tuple["asyncio.Queue[RequestOutput]", RequestOutput]
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        max_len = min(config.max_model_len, model.config.max_position_embeddings)
+        self.config = config
+        self.max_model_len = max_len
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.clock = clock
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, prefix_caching=config.prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.blocks,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        self.runner = ModelRunner(model, num_blocks=config.num_blocks, block_size=config.block_size)
+        self.sampler = Sampler()
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = 0  # added but not yet seen by the engine thread
+        self._sinks: dict[str, _Sink] = {}
+        self._seqs: dict[str, Sequence] = {}
+        self._detok: dict[str, Detokenizer] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ---- event-loop side -------------------------------------------------------------
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting) + self._pending,
+            kv_usage=self.blocks.usage,
+            free_blocks=self.blocks.num_free,
+            num_blocks=self.blocks.num_blocks,
+            preemptions=self.scheduler.num_preemptions,
+        )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival: float | None = None,
+    ) -> asyncio.Queue[RequestOutput]:
+        """Queue a request; its outputs arrive on the returned queue. Call from the event loop."""
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
+                f"{self.max_model_len} tokens"
+            )
+        usable = self.blocks.num_blocks - self.blocks.watermark
+        if self.blocks.blocks_for(len(prompt_ids) + 1) > usable:
+            raise RequestRejected("the prompt does not fit in the KV cache")
+        with self._lock:
+            if len(self.scheduler.waiting) + self._pending >= self.config.max_waiting:
+                raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
+            self._pending += 1
+        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
+        stop_ids = params.stop_token_ids or self.eos_token_ids
+        params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens,
+                                   "stop_token_ids": stop_ids})
+        seq = Sequence(request_id, list(prompt_ids), params,
+                       Timings(arrival=self.clock() if arrival is None else arrival))
+        out: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))
+        self._wake.set()
+        return out
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs until the final one; leaving early (cancel, disconnect) aborts the request."""
+        outputs = self.add_request(request_id, prompt_ids, params, arrival=arrival)
+        finished = False
+        try:
+            while not finished:
+                output = await outputs.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    # ---- engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.scheduler.has_work():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                self._step()
+            except Exception:  # a task supervisor: fail the requests, keep serving
+                log.exception("engine step failed; failing the requests in flight")
+                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                    self._finish(seq, "error", self.clock())
+                self._flush([self._final_output(s) for s in list(self._seqs.values())])
+                self._forget_finished()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                seq, sink = typing.cast(tuple[Sequence, _Sink], payload)
+                self._seqs[seq.request_id] = seq
+                self._sinks[seq.request_id] = sink
+                self._detok[seq.request_id] = Detokenizer(self.tokenizer, seq.prompt_ids)
+                self.scheduler.add(seq)
+                with self._lock:
+                    self._pending -= 1
+            elif kind == "abort":
+                aborted = self._seqs.get(str(payload))
+                if aborted is not None and not aborted.is_finished:
+                    self._finish(aborted, "abort", self.clock())
+                    self._forget(aborted.request_id)
+
+    def _step(self) -> None:
+        now = self.clock()
+        batch = self.scheduler.schedule(now)
+        if not batch.seqs:
+            time.sleep(0.001)  # nothing fits this instant; blocks free up as others finish
+            return
+        logits, sampled = self.runner.execute(batch.seqs, batch.num_new)
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            seq.num_computed += n
+            self.blocks.commit(seq)
+        chosen = [batch.seqs[i] for i in sampled]
+        tokens, logprobs = self.sampler.sample(
+            logits, [s.request_id for s in chosen], [s.params for s in chosen]
+        )
+        t = self.clock()
+        outputs = [
+            self._append(seq, token, lp, t)
+            for seq, token, lp in zip(chosen, tokens, logprobs, strict=True)
+        ]
+        self._flush(outputs)
+        self._forget_finished()
+
+    def _append(
+        self, seq: Sequence, token: int, lp: TokenLogprob | None, t: float
+    ) -> RequestOutput:
+        params = seq.params
+        seq.output_ids.append(token)
+        if seq.timings.first_token is None:
+            seq.timings.first_token = t
+        seq.timings.last_token = t
+        detok = self._detok[seq.request_id]
+        reason: str | None = None
+        if token in params.stop_token_ids and not params.ignore_eos:
+            reason = "stop"
+            seq.text += detok.flush()
+        else:
+            seq.text += detok.add(token)
+            if len(seq.output_ids) >= params.max_tokens:
+                reason = "length"
+                seq.text += detok.flush()
+        if params.stop:
+            cut = min((i for s in params.stop if (i := seq.text.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                seq.text, reason = seq.text[:cut], "stop"
+        hold = 0 if reason else max((len(s) for s in params.stop), default=1) - 1
+        upto = max(seq.emitted_chars, len(seq.text) - hold)
+        delta = seq.text[seq.emitted_chars : upto]
+        seq.emitted_chars = upto
+        if reason is not None:
+            self._finish(seq, reason, t)
+        return RequestOutput(
+            seq.request_id, delta, [token], t, finished=reason is not None,
+            finish_reason=reason, logprobs=[lp] if lp is not None else [],
+            **self._counts(seq),
+        )
+
+    def _counts(self, seq: Sequence) -> dict[str, typing.Any]:
+        return {
+            "prompt_tokens": len(seq.prompt_ids),
+            "cached_tokens": seq.num_cached,
+            "completion_tokens": len(seq.output_ids),
+            "preemptions": seq.preemptions,
+            "timings": seq.timings if seq.is_finished else None,
+        }
+
+    def _final_output(self, seq: Sequence) -> RequestOutput:
+        return RequestOutput(
+            seq.request_id, "", [], self.clock(), finished=True,
+            finish_reason=seq.finish_reason, **self._counts(seq),
+        )
+
+    def _finish(self, seq: Sequence, reason: str, t: float) -> None:
+        self.scheduler.finish(seq, reason)
+        seq.timings.finished = t
+        self.sampler.forget(seq.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._seqs.pop(request_id, None)
+        self._sinks.pop(request_id, None)
+        self._detok.pop(request_id, None)
+
+    def _forget_finished(self) -> None:
+        for request_id in [r for r, s in self._seqs.items() if s.is_finished]:
+            self._forget(request_id)
+
+    def _flush(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is not None:
+                by_loop.setdefault(sink[0], []).append((sink[1], output))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody listens
+                loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[_Delivery]) -> None:
+    for sink, output in items:
+        sink.put_nowait(output)
+

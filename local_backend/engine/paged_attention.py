@@ -1,0 +1,83 @@
+"""Attention over the paged KV cache, implementing the model's `Attention` protocol.
+
+Cache layout per layer: [num_blocks, block_size, kv_heads, head_dim]. A step's
+tokens are laid out decodes first (one token each), then prefill chunks. Decodes
+run as one SDPA call over their gathered, padded block tables; each prefill chunk
+runs its own call (causal within the chunk, full view of its cached prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # offset of the chunk in the step's flat token batch
+    length: int  # tokens in the chunk
+    context: int  # tokens visible to the chunk's last query (cached prefix + chunk)
+    block_ids: torch.Tensor  # [ceil(context / block_size)] physical blocks, in order
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [tokens] flat cache slot each new token's K/V goes to
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None  # [decodes, max_blocks], padded with block 0
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillChunk]
+
+
+class PagedAttention:
+    def __init__(
+        self,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> None:
+        self.k_cache, self.v_cache, self.meta, self.scale = k_cache, v_cache, meta, scale
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        kc, vc, meta = self.k_cache[layer], self.v_cache[layer], self.meta
+        kv_heads, head_dim = kc.shape[2], kc.shape[3]
+        kc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        vc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        d = meta.num_decodes
+        if d:
+            assert meta.decode_block_tables is not None
+            tables = meta.decode_block_tables
+            # [decodes, max_blocks, block, kv_heads, dim] → [decodes, kv_heads, keys, dim]
+            keys = kc[tables].flatten(1, 2).transpose(1, 2)
+            values = vc[tables].flatten(1, 2).transpose(1, 2)
+            out[:d] = F.scaled_dot_product_attention(
+                q[:d].unsqueeze(2),  # [decodes, heads, 1, dim]
+                keys,
+                values,
+                attn_mask=meta.decode_mask,
+                scale=self.scale,
+                enable_gqa=True,
+            ).squeeze(2)
+        for chunk in meta.prefills:
+            s, n = chunk.start, chunk.length
+            query = q[s : s + n].transpose(0, 1)  # [heads, n, dim]
+            if chunk.context == n:  # nothing cached before: attend to the chunk's own K/V
+                keys, values = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)
+                mask = None
+            else:
+                keys = kc[chunk.block_ids].flatten(0, 1)[: chunk.context].transpose(0, 1)
+                values = vc[chunk.block_ids].flatten(0, 1)[: chunk.context].transpose(0, 1)
+                # Query i sits at position context - n + i and sees keys 0..that position.
+                rows = torch.arange(n, device=q.device)[:, None] + (chunk.context - n)
+                mask = torch.arange(chunk.context, device=q.device)[None, :] <= rows
+            out[s : s + n] = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=mask, is_causal=mask is None,
+                scale=self.scale, enable_gqa=True,
+            ).transpose(0, 1)
+        return out

@@ -1,0 +1,65 @@
+"""Next-token choice per sequence: greedy, temperature, top-k, top-p, per-request seed, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from local_backend.engine.sequence import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the n most likely ids and their logprobs
+
+
+class Sampler:
+    def __init__(self) -> None:
+        # One generator per seeded request, so its samples do not depend on batch neighbours.
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def sample(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """logits [rows, vocab] fp32 → one token id per row (and its logprobs when asked)."""
+        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        for row, p in enumerate(params):
+            if not p.greedy:
+                tokens[row] = self._draw(logits[row], request_ids[row], p)
+        logprobs: list[TokenLogprob | None] = [None] * len(tokens)
+        for row, p in enumerate(params):
+            if p.logprobs is not None:
+                lp = torch.log_softmax(logits[row], dim=-1)
+                top = torch.topk(lp, p.logprobs) if p.logprobs > 0 else None
+                alternatives = (
+                    list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+                )
+                logprobs[row] = TokenLogprob(tokens[row], float(lp[tokens[row]]), alternatives)
+        return tokens, logprobs
+
+    def _draw(self, row: torch.Tensor, request_id: str, p: SamplingParams) -> int:
+        scaled = row / p.temperature
+        if p.top_k > 0 and p.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(scaled, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            # Drop a token when the tokens ranked above it already reach top_p.
+            drop = (torch.cumsum(probs, dim=-1) - probs) > p.top_p
+            drop[0] = False
+            scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(scaled, dim=-1)
+        generator = None
+        if p.seed is not None:
+            generator = self._generators.get(request_id)
+            if generator is None:
+                generator = torch.Generator(device=row.device).manual_seed(p.seed)
+                self._generators[request_id] = generator
+        return int(torch.multinomial(probs, 1, generator=generator).item())

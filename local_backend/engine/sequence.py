@@ -1,0 +1,72 @@
+"""One request inside the engine: its tokens, sampling parameters, KV blocks and timestamps."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # EOS ids; generation ends on any of them
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; n ≥ 0 = the chosen token plus n alternatives
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 1e-5 or self.top_k == 1
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Timings:
+    """Monotonic seconds; `first_scheduled` is kept across preemptions (queue time counts once)."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    timings: Timings
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks
+    # Tokens whose K/V are in the cache; the next step computes tokens[num_computed:].
+    num_computed: int = 0
+    # Prompt tokens served from the prefix cache on first admission.
+    num_cached: int = 0
+    preemptions: int = 0
+    finish_reason: str | None = None
+    text: str = ""  # detokenised output, trimmed at a stop string
+    emitted_chars: int = 0  # how much of `text` has been handed out
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,251 @@
+"""The OpenAI-compatible HTTP face of the engine (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from opentelemetry import trace
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from local_backend.chat_template import ChatTemplate, ChatTemplateError
+from local_backend.engine.loop import Engine, QueueFull, RequestOutput, RequestRejected
+from local_backend.engine.sampler import TokenLogprob
+from local_backend.server.errors import ApiError, bad_request, error_middleware
+from local_backend.server.metrics import BackendMetrics
+from local_backend.server.protocol import ParsedRequest, ResponseBuilder, parse
+from local_backend.server.timing import (
+    SpanRecorder,
+    inbound_context,
+    request_metrics,
+    server_timing,
+)
+
+# Prompts longer than this are tokenised off the event loop.
+INLINE_TOKENIZE_CHARS = 4096
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Backend:
+    engine: Engine
+    model_name: str
+    template: ChatTemplate
+    metrics: BackendMetrics
+    spans: SpanRecorder
+
+
+BACKEND = web.AppKey("backend", Backend)
+
+
+def create_app(
+    engine: Engine, *, model_name: str, tracer: trace.Tracer | None = None
+) -> web.Application:
+    tok = engine.tokenizer
+    backend = Backend(
+        engine=engine,
+        model_name=model_name,
+        template=ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token),
+        metrics=BackendMetrics(engine.stats, model_name),
+        spans=SpanRecorder(tracer or trace.get_tracer("local_backend")),
+    )
+    app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024**2)
+    app[BACKEND] = backend
+
+    async def engine_thread(app: web.Application) -> Any:
+        engine.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+
+    app.cleanup_ctx.append(engine_thread)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[BACKEND].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def models(request: web.Request) -> web.Response:
+    b = request.app[BACKEND]
+    card = {"id": b.model_name, "object": "model", "created": 0, "owned_by": "routegate",
+            "max_model_len": b.engine.max_model_len}
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=False)
+
+
+async def _prompt_ids(b: Backend, req: ParsedRequest) -> list[int]:
+    if req.prompt_ids is not None:
+        vocab = b.engine.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in req.prompt_ids):
+            raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
+        return req.prompt_ids
+    tok = b.engine.tokenizer
+    if req.messages is not None:
+        try:
+            text = b.template.render(req.messages)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        special = False  # the template already wrote BOS where the model wants it
+    else:
+        text, special = req.prompt_text or "", True
+    if len(text) <= INLINE_TOKENIZE_CHARS:
+        return tok.encode(text, add_special_tokens=special)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, lambda: tok.encode(text, add_special_tokens=special))
+
+
+async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    b = request.app[BACKEND]
+    engine = b.engine
+    arrival = engine.clock()
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from exc
+    req = parse(body, chat=chat)
+    model = body.get("model")
+    if model is not None and model != b.model_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves "
+                       f"{b.model_name!r}", code="model_not_found", param="model")
+    prompt_ids = await _prompt_ids(b, req)
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    try:
+        outputs = engine.add_request(request_id, prompt_ids, req.params, arrival=arrival)
+    except QueueFull as exc:
+        raise ApiError(429, f"the server is busy: {exc}", type_="rate_limit_error",
+                       code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
+    except RequestRejected as exc:
+        raise bad_request(str(exc), "messages" if chat else "prompt") from exc
+    builder = ResponseBuilder(request_id, b.model_name, chat=chat, tokenizer=engine.tokenizer)
+    parent = inbound_context(request.headers)
+    try:
+        if req.stream:
+            response = await _stream(request, b, req, builder, outputs)
+        else:
+            response = await _complete(b, builder, outputs)
+    finally:
+        if builder.final is None:  # cancelled, client gone, or failed: free the blocks now
+            engine.abort(request_id)
+    b.spans.record(parent, "local_backend.request", builder.final, builder.end,
+                   {"gen_ai.request.model": b.model_name,
+                    "gen_ai.operation.name": "chat" if chat else "text_completion"})
+    return response
+
+
+async def _next_batch(
+    b: Backend, outputs: asyncio.Queue[RequestOutput], last_time: list[float]
+) -> list[RequestOutput]:
+    """Wait for one output, then take whatever else is ready (one write for several tokens)."""
+    batch = [await outputs.get()]
+    while not batch[-1].finished and not outputs.empty():
+        batch.append(outputs.get_nowait())
+    for out in batch:
+        if last_time and out.token_ids:
+            b.metrics.itl.observe(max(out.time - last_time[0], 0.0))
+        if out.token_ids:
+            last_time[:] = [out.time]
+    return batch
+
+
+def _finish(b: Backend, builder: ResponseBuilder, final: RequestOutput) -> dict[str, Any]:
+    end = b.engine.clock()
+    metrics = request_metrics(final, end)
+    b.metrics.observe_request(metrics, final.finish_reason)
+    builder.final, builder.end = final, end
+    return metrics
+
+
+async def _complete(
+    b: Backend, builder: ResponseBuilder, outputs: asyncio.Queue[RequestOutput]
+) -> web.Response:
+    parts: list[str] = []
+    lps: list[TokenLogprob] = []
+    last_time: list[float] = []
+    while True:
+        for out in await _next_batch(b, outputs, last_time):
+            parts.append(out.text)
+            lps.extend(out.logprobs)
+            if out.finished:
+                if out.finish_reason == "error":
+                    raise ApiError(500, "the engine failed while generating",
+                                   type_="server_error", code="engine_error")
+                metrics = _finish(b, builder, out)
+                body = builder.full("".join(parts), out, lps, metrics)
+                return web.Response(
+                    body=orjson.dumps(body), content_type="application/json",
+                    headers={"Server-Timing": server_timing(metrics)},
+                )
+
+
+async def _stream(
+    request: web.Request, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
+    outputs: asyncio.Queue[RequestOutput],
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Request-Id": builder.id,
+    })
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionResetError):  # client gone: the caller aborts
+        await _relay(response, b, req, builder, outputs)
+    return response
+
+
+async def _relay(
+    response: web.StreamResponse, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
+    outputs: asyncio.Queue[RequestOutput],
+) -> None:
+    async def send(obj: dict[str, Any]) -> None:
+        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    if req.chat:
+        await send(builder.chunk(None, first=True))
+    last_time: list[float] = []
+    while True:
+        batch = await _next_batch(b, outputs, last_time)
+        final = batch[-1] if batch[-1].finished else None
+        text = "".join(o.text for o in batch)
+        lps = [lp for o in batch for lp in o.logprobs]
+        if final is not None and final.finish_reason == "error":
+            await send({"error": {"message": "the engine failed while generating",
+                                  "type": "server_error", "code": "engine_error", "param": None}})
+            break
+        if text or lps or final is not None:
+            merged = RequestOutput(builder.id, text, [], time.monotonic(), logprobs=lps,
+                                   finished=final is not None,
+                                   finish_reason=final.finish_reason if final else None)
+            chunk = builder.chunk(merged)
+            if final is not None:
+                metrics = _finish(b, builder, final)
+                if not req.include_usage:
+                    chunk["metrics"] = metrics
+                await send(chunk)
+                if req.include_usage:
+                    await send(builder.usage_chunk(final, metrics))
+                break
+            await send(chunk)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()

@@ -1,0 +1,171 @@
+"""OpenAI request bodies → prompt + `SamplingParams`; engine outputs → OpenAI response bodies."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from local_backend.engine.loop import RequestOutput
+from local_backend.engine.sampler import TokenLogprob
+from local_backend.engine.sequence import SamplingParams
+from local_backend.server.errors import bad_request
+from local_backend.tokenizer import Tokenizer
+
+DEFAULT_CHAT_MAX_TOKENS = 512
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy default for /v1/completions
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    chat: bool
+    messages: list[dict[str, Any]] | None
+    prompt_text: str | None
+    prompt_ids: list[int] | None
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo_logprobs: bool  # chat-style logprobs (chat) or legacy (completions)
+
+
+def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be a number between {lo} and {hi}", key)
+    return float(value)
+
+
+def _int(body: dict[str, Any], key: str, default: int | None, lo: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise bad_request(f"'{key}' must be an integer ≥ {lo}", key)
+    return value
+
+
+def parse(body: Any, *, chat: bool) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    if _int(body, "n", 1, 1) != 1:
+        raise bad_request("only n=1 is supported", "n")
+    stop = body.get("stop")
+    stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise bad_request("'stop' must be a string or up to 4 non-empty strings", "stop")
+    messages = prompt_text = prompt_ids = None
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            raise bad_request("'messages' must be a non-empty list of {role, content}", "messages")
+        max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(
+            body, "max_tokens", DEFAULT_CHAT_MAX_TOKENS, 1
+        )
+        top_logprobs = _int(body, "top_logprobs", 0, 0)
+        logprobs = top_logprobs if body.get("logprobs") else None
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            prompt_text = prompt
+        elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            prompt_ids = list(prompt)
+        else:
+            raise bad_request("'prompt' must be a non-empty string or token ids", "prompt")
+        max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1)
+        logprobs = _int(body, "logprobs", None, 0)
+    options = body.get("stream_options") or {}
+    params = SamplingParams(
+        max_tokens=int(max_tokens or 1),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
+        top_k=int(_int(body, "top_k", 0, 0) or 0),
+        seed=_int(body, "seed", None, -(2**63)),
+        stop=stops,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        logprobs=min(logprobs, 20) if logprobs is not None else None,
+    )
+    return ParsedRequest(
+        chat=chat, messages=messages, prompt_text=prompt_text, prompt_ids=prompt_ids,
+        params=params, stream=bool(body.get("stream", False)),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        echo_logprobs=logprobs is not None,
+    )
+
+
+def usage(final: RequestOutput) -> dict[str, Any]:
+    return {
+        "prompt_tokens": final.prompt_tokens,
+        "completion_tokens": final.completion_tokens,
+        "total_tokens": final.prompt_tokens + final.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": final.cached_tokens},
+    }
+
+
+def logprobs_body(tokenizer: Tokenizer, items: list[TokenLogprob], *, chat: bool) -> Any:
+    if not items:
+        return None
+    if chat:
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text = tokenizer.decode([token_id])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [
+            {**entry(i.token_id, i.logprob), "top_logprobs": [entry(t, lp) for t, lp in i.top]}
+            for i in items
+        ]}
+    return {
+        "tokens": [tokenizer.decode([i.token_id]) for i in items],
+        "token_logprobs": [i.logprob for i in items],
+        "top_logprobs": [{tokenizer.decode([t]): lp for t, lp in i.top} for i in items],
+    }
+
+
+class ResponseBuilder:
+    """Shapes one request's outputs as chat.completion(.chunk) or text_completion objects."""
+
+    def __init__(self, request_id: str, model: str, *, chat: bool, tokenizer: Tokenizer) -> None:
+        self.id, self.model, self.chat, self.tokenizer = request_id, model, chat, tokenizer
+        self.created = int(time.time())
+        self.final: RequestOutput | None = None  # set when the request finishes
+        self.end = 0.0  # monotonic instant the response was completed
+
+    def _envelope(self, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
+                "created": self.created, "model": self.model}
+
+    def full(self, text: str, final: RequestOutput, lps: list[TokenLogprob],
+             metrics: dict[str, Any]) -> dict[str, Any]:
+        logprobs = logprobs_body(self.tokenizer, lps, chat=self.chat)
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
+                                  "finish_reason": final.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._envelope(False), "choices": [choice], "usage": usage(final),
+                "metrics": metrics}
+
+    def chunk(self, output: RequestOutput | None, *, first: bool = False) -> dict[str, Any]:
+        text = output.text if output is not None else ""
+        reason = output.finish_reason if output is not None else None
+        lps = output.logprobs if output is not None else []
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs_body(
+            self.tokenizer, lps, chat=self.chat), "finish_reason": reason}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": ""} if first else (
+                {"content": text} if text else {})
+        else:
+            choice["text"] = text
+        return {**self._envelope(True), "choices": [choice]}
+
+    def usage_chunk(self, final: RequestOutput, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {**self._envelope(True), "choices": [], "usage": usage(final), "metrics": metrics}

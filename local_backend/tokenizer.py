@@ -1,0 +1,91 @@
+"""tokenizer.json via the `tokenizers` library, plus incremental detokenisation for streams."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from local_backend.model.config import ModelLoadError
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    backend: HFTokenizer
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | None
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> Tokenizer:
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{directory}: tokenizer.json is missing")
+        backend = HFTokenizer.from_file(str(path))
+        config: dict[str, Any] = {}
+        config_path = Path(directory) / "tokenizer_config.json"
+        if config_path.is_file():
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return cls(
+            backend=backend,
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+            chat_template=template,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.backend.decode(ids, skip_special_tokens=True))
+
+    def token_id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+
+class Detokenizer:
+    """Turns a growing list of token ids into text deltas without splitting characters.
+
+    Decodes a small window of recent tokens and only emits text once it no longer
+    ends in U+FFFD, so a multi-byte character spread over tokens comes out whole.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-6:])  # context so leading spaces decode as they would
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        return self._delta(final=True)
+
+    def _delta(self, *, final: bool) -> str:
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset])
+        text = decode(self.ids[self.prefix_offset :])
+        if len(text) > len(prefix) and (final or not text.endswith("\ufffd")):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return text[len(prefix) :]
+        return ""
