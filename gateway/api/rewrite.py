@@ -1,10 +1,12 @@
-"""The request body sent upstream: the client's own bytes with only `model` changed.
+r"""The request body sent upstream: the client's own bytes with only `model` changed.
 
 Splicing the bytes keeps whatever the client wrote (field order, number formatting,
 fields the gateway has never heard of) and avoids re-encoding a body that can be
 megabytes of prompt. The splice is used only when it is unambiguous — exactly one
-`"model"` token in the whole body, preceded by `{` or `,` — and otherwise the parsed
-body is re-encoded with orjson, which is always correct, just not byte-identical.
+`"model"` token in the whole body, preceded by `{` or `,`, holding the value the parser
+saw, and no `\u` escape anywhere (one could spell the real key `"mod\u0065l"` and make
+the one literal token a nested key) — and otherwise the parsed body is re-encoded with
+orjson, which is always correct, just not byte-identical.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def _string_end(raw: bytes, start: int) -> int:
             return index
 
 
-def _splice_model(raw: bytes, upstream_name: str) -> bytes | None:
-    if raw.count(_MODEL_KEY) != 1:
+def _splice_model(raw: bytes, model: str, upstream_name: str) -> bytes | None:
+    if raw.count(_MODEL_KEY) != 1 or b"\\u" in raw:
         return None
     key = raw.index(_MODEL_KEY)
     before = raw[:key].rstrip(_WHITESPACE)
@@ -49,6 +51,8 @@ def _splice_model(raw: bytes, upstream_name: str) -> bytes | None:
     if raw[value] != 0x22:  # '"': validation already made `model` a string
         return None
     end = _string_end(raw, value)
+    if orjson.loads(raw[value:end]) != model:
+        return None
     return raw[:value] + orjson.dumps(upstream_name) + raw[end:]
 
 
@@ -65,7 +69,8 @@ def upstream_body(raw: bytes, body: dict[str, Any], upstream_name: str, *,
                              "stream_options": {**options, "include_usage": True}})
     spliced = None
     if body["model"] != upstream_name or add_include_usage:
-        spliced = raw if body["model"] == upstream_name else _splice_model(raw, upstream_name)
+        spliced = raw if body["model"] == upstream_name else _splice_model(raw, body["model"],
+                                                                          upstream_name)
         if spliced is None:
             updated = {**body, "model": upstream_name}
             if add_include_usage:

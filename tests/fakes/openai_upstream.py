@@ -63,6 +63,7 @@ class FakeOpenAI:
     def __post_init__(self) -> None:
         self.resume = asyncio.Event()
         self.cancelled_event = asyncio.Event()
+        self.request_seen = asyncio.Event()  # set when a request has been read
         self._failures = 0
         self._runner: web.AppRunner | None = None
         self.app = web.Application()
@@ -92,6 +93,7 @@ class FakeOpenAI:
         raw = await request.read()
         body = orjson.loads(raw) if raw else None
         self.received.append(Received(request.path, dict(request.headers), raw, body))
+        self.request_seen.set()
         return body
 
     def _failure(self) -> web.Response | None:
@@ -141,6 +143,10 @@ class FakeOpenAI:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if b.drop_after_chunks == 0:  # headers, then nothing: a backend dying at once
+            assert request.transport is not None
+            request.transport.close()
+            return response
         events = _stream_events(body, b.reply, kind, include_usage)
         for index, (event, is_content) in enumerate(events):
             if index and b.chunk_delay_s:
@@ -168,7 +174,7 @@ class FakeOpenAI:
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
         data = []
-        for index, item in enumerate(inputs):
+        for index in range(len(inputs)):
             vector = [((index + 1) * (d + 1)) / 100 for d in range(self.behaviour.embedding_dim)]
             encoded: Any = vector
             if body.get("encoding_format") == "base64":

@@ -1,0 +1,49 @@
+"""Server-Timing on every response, errors included."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+
+from gateway.server_timing import ServerTiming
+from tests.conftest import RunningGateway
+
+ENTRY = re.compile(r"^([a-z-]+);dur=(\d+\.\d{3})$")
+
+
+def _entries(header: str) -> dict[str, float]:
+    found = {}
+    for part in header.split(", "):
+        match = ENTRY.match(part)
+        assert match, part
+        found[match.group(1)] = float(match.group(2))
+    return found
+
+
+async def test_a_proxied_reply_names_gateway_upstream_and_total_time(
+        gateway: RunningGateway) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=body) as response:
+        entries = _entries(response.headers["Server-Timing"])
+
+    assert list(entries) == ["gw", "upstream-fb", "upstream", "total"]
+    assert entries["upstream-fb"] <= entries["upstream"] <= entries["total"]
+    assert abs(entries["gw"] + entries["upstream"] - entries["total"]) < 0.01
+
+
+async def test_an_error_reply_carries_server_timing_too(gateway: RunningGateway) -> None:
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", data=b"{") as response:
+        entries = _entries(response.headers["Server-Timing"])
+    assert response.status == 400 and set(entries) == {"gw", "total"}
+
+
+def test_waits_are_not_counted_as_gateway_time() -> None:
+    timing = ServerTiming(start=0.0)
+    timing.add_wait("queue", 10.0)
+    timing.add_metric("inference", 5.0)
+    entries = _entries(timing.header())
+    assert entries["queue"] == 10_000.0 and entries["inference"] == 5.0
+    assert abs(entries["gw"] - (entries["total"] - 10_000.0)) < 0.01

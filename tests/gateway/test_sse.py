@@ -1,0 +1,55 @@
+"""The SSE relay: pass events through, capture usage, hold back [DONE]."""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.sse import SseRelay
+
+CONTENT = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
+USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1,'
+         b'"total_tokens":3}}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+def test_whole_events_pass_through_unchanged() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    assert relay.feed(CONTENT + CONTENT) == CONTENT + CONTENT
+
+
+def test_a_split_event_is_forwarded_once_complete() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    assert relay.feed(CONTENT[:10]) == b""
+    assert relay.feed(CONTENT[10:] + CONTENT[:5]) == CONTENT
+    assert relay.feed(CONTENT[5:]) == CONTENT
+
+
+def test_usage_is_captured_and_kept_when_the_client_asked() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    assert relay.feed(CONTENT + USAGE + DONE) == CONTENT + USAGE
+    assert relay.usage == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    assert relay.done
+
+
+def test_usage_only_chunk_is_stripped_when_the_gateway_asked_for_it() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    assert relay.feed(CONTENT + USAGE) == CONTENT
+    assert relay.usage is not None and relay.usage["total_tokens"] == 3
+
+
+def test_crlf_framing_is_understood() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    out = relay.feed((CONTENT + USAGE + DONE).replace(b"\n", b"\r\n"))
+    assert out == CONTENT and relay.done
+
+
+def test_comments_and_other_fields_pass_through() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    event = b": keep-alive\n\nevent: ping\ndata: {}\n\n"
+    assert relay.feed(event) == event
+
+
+def test_an_unterminated_tail_is_available_at_the_end() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    relay.feed(b'data: {"x":1}')
+    assert orjson.loads(relay.leftover()[6:]) == {"x": 1}
