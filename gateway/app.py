@@ -15,6 +15,7 @@ from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
 from gateway.pipeline import Pipeline
+from gateway.policy_admin import install_policy_admin
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.upstream.pool import UpstreamPool
@@ -44,6 +45,7 @@ def create_app(policy: Policy, settings: Settings | None = None) -> web.Applicat
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
+    install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_supervised_backends)
     return app

@@ -25,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                              "policies/default.yaml)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--shadow-policy", type=Path, default=None, metavar="FILE",
+                        help="decide every request under this candidate policy too, without "
+                             "affecting it; differences at /admin/policy/shadow")
     parser.set_defaults(func=run)
 
 
@@ -39,7 +42,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for warning in policy.warnings:
         log.warning("%s", warning)
-    settings = Settings(host=args.host, port=args.port, policy_path=path)
+    if args.shadow_policy is not None:
+        try:
+            load(args.shadow_policy)
+        except PolicyError as exc:
+            log.error("shadow policy: %s", exc)
+            return 2
+    settings = Settings(host=args.host, port=args.port, policy_path=path,
+                        shadow_policy_path=args.shadow_policy)
     try:
         import uvloop
     except ImportError:

@@ -18,6 +18,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     policy_path: Path | None = None
+    watch_policy: bool = True  # reload `policy_path` when it changes (also SIGHUP, admin API)
+    shadow_policy_path: Path | None = None  # decide every request under this one too; compare
     # The command that starts a local backend; `--model/--host/--port` and the policy's
     # `launch.args` are appended. Tests substitute a small stand-in program.
     launch_command: tuple[str, ...] = field(
