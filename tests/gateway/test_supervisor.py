@@ -1,0 +1,110 @@
+"""Launching `launch:` backends as children: start, health, restart on death, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.app import SUPERVISOR
+from gateway.settings import Settings
+from gateway.supervisor import Supervisor
+from tests.conftest import RunningGateway, StartGateway
+
+CHILD = str(Path(__file__).resolve().parent.parent / "fakes" / "child_backend.py")
+BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def launch_policy(*args: str) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "backends": {"local": {"type": "openai", "models": {"demo": {}},
+                               "launch": {"model": "demo", "args": list(args),
+                                          "startup_timeout_s": 10}}},
+        "routes": {"chat": {"targets": ["local/demo"]}},
+        "auth": {"anonymous": {"enabled": True}},
+    }
+
+
+def child_settings() -> Settings:
+    return Settings(port=0, launch_command=(sys.executable, CHILD),
+                    restart_backoff_s=(0.05, 0.2))
+
+
+async def _until(condition: Any, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+async def _chat(gateway: RunningGateway) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=BODY) as response:
+        return response.status, await response.json()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_launched_backend_serves_once_healthy(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(launch_policy(), child_settings())
+    supervisor: Supervisor = gateway.app[SUPERVISOR]
+    await _until(lambda: supervisor.children["local"].url is not None)
+
+    status, body = await _chat(gateway)
+
+    assert status == 200
+    assert body["choices"][0]["message"]["content"] == f"pid {supervisor.children['local'].pid}"
+
+
+async def test_a_dead_child_is_restarted(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(launch_policy(), child_settings())
+    child = gateway.app[SUPERVISOR].children["local"]
+    await _until(lambda: child.url is not None)
+    first_pid = child.pid
+    assert first_pid is not None
+
+    os.kill(first_pid, signal.SIGKILL)
+    await _until(lambda: child.pid != first_pid and child.url is not None)
+
+    status, _ = await _chat(gateway)
+    assert status == 200 and child.starts == 2
+
+
+async def test_children_are_stopped_on_shutdown(start_gateway: StartGateway) -> None:
+    settings = child_settings()
+    gateway = await start_gateway(launch_policy(), settings)
+    supervisor: Supervisor = gateway.app[SUPERVISOR]
+    await _until(lambda: supervisor.children["local"].url is not None)
+    pid = supervisor.children["local"].pid
+    assert pid is not None
+
+    await supervisor.stop()
+
+    assert not _alive(pid)
+
+
+async def test_a_child_that_cannot_start_leaves_the_gateway_serving_503s(
+        start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(launch_policy("--fail"), child_settings())
+    child = gateway.app[SUPERVISOR].children["local"]
+    await _until(lambda: child.last_error is not None)
+
+    status, body = await _chat(gateway)
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/readyz") as ready:
+        readiness = await ready.json()
+
+    assert status == 503
+    assert "'local'" in body["error"]["message"] and "exited with code 3" in body["error"]["message"]
+    assert ready.status == 503 and "exited with code 3" in readiness["backends"]["local"]
