@@ -1,101 +1,39 @@
-"""The telemetry seam of the request pipeline: one object per request.
+"""The telemetry seam of the request pipeline: one `RequestTelemetry` per request.
 
-The pipeline tells `RequestTelemetry` what happened, step by step; it keeps the
-span tree, the clock marks and the facts of the request, and `finish()` turns
-them into the root span's attributes, the metrics, the live dashboard sample and
-the access log line — once, whatever path the request took (success, error,
-client disconnect).
+The pipeline tells it what happened, step by step; it keeps the span tree, the
+clock marks (`RequestTimings`, the same object behind the `Server-Timing`
+header) and the facts of the request, and `finish()` turns them into the root
+span's attributes, the metrics, the live dashboard's sample and the access log
+line — once, whatever path the request took (success, error, disconnect).
 
     tel = telemetry.begin(request_id=..., method="POST", path=..., headers=request.headers)
-    with tel.step("routegate.auth"): tenant = ...
+    with tel.step("routegate.auth"): ...
     tel.identify(tenant=..., requested_model=..., stream=...)
-    with tel.step("routegate.route") as span: decision = ...; tel.routed(span, ...)
-    async with tel.queue_wait(backend): await slot
-    attempt = tel.upstream(backend=..., model=..., system="openai")
-    attempt.inject(upstream_headers); ...; attempt.responded(resp.headers); attempt.token() ...
-    attempt.end(); response.headers["Server-Timing"] = tel.server_timing()
+    with tel.step("routegate.route") as span: ...; tel.decided(span, model, candidates, decision)
+    async with tel.queued(backend, slot_context_manager): ...
+    attempt = tel.upstream(target, upstream_headers)   # starts the clock, injects traceparent
+    attempt.responded(resp.headers); attempt.relayed(bytes_out) ...; attempt.end()
     tel.finish(status)
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, MutableMapping
-from time import perf_counter
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import NoOpTracerProvider, Span, TracerProvider
+from opentelemetry.trace import Span
 
 from gateway.telemetry import spans as a
-from gateway.telemetry.access_log import AccessLog, AccessRecord
-from gateway.telemetry.inference_time import from_body, from_headers
-from gateway.telemetry.live import LiveStats, Sample
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.access_log import AccessRecord
+from gateway.telemetry.attempt import UpstreamAttempt
+from gateway.telemetry.live import Sample
 from gateway.telemetry.spans import RequestTrace, clean, mark_error
-from gateway.telemetry.timing import Clock, RequestTimings, TimingSplit
+from gateway.telemetry.timing import RequestTimings, TimingSplit
 
-
-class UpstreamAttempt:
-    """The CLIENT span and clock marks of one upstream call."""
-
-    __slots__ = ("_ended", "_first_token", "_req", "backend", "model", "span")
-
-    def __init__(self, req: RequestTelemetry, span: Span, backend: str, model: str) -> None:
-        self._req, self.span, self.backend, self.model = req, span, backend, model
-        self._first_token = False
-        self._ended = False
-
-    def inject(self, headers: MutableMapping[str, str]) -> None:
-        """Add `traceparent` so the backend continues this trace under this span."""
-        self._req.trace.inject(self.span, headers)
-
-    def responded(self, headers: Mapping[str, str], status: int = 200) -> None:
-        """Upstream response headers arrived: first byte, and any timing they report."""
-        self._req.timings.upstream_first_byte()
-        self._req.timings.report(from_headers(headers))
-        if self.span.is_recording():
-            self.span.set_attribute(a.HTTP_RESPONSE_STATUS_CODE, status)
-
-    def token(self) -> None:
-        """A content-bearing chunk was relayed; the first one is an event on the span."""
-        self._req.timings.token()
-        if not self._first_token:
-            self._first_token = True
-            if self.span.is_recording():
-                self.span.add_event(a.EVENT_FIRST_TOKEN)
-
-    def body(self, body: Mapping[str, Any]) -> None:
-        """A JSON response, or a stream's final chunk: usage and backend-reported timings."""
-        self._req.timings.report(from_body(body))
-        usage = body.get("usage")
-        if isinstance(usage, Mapping):
-            self._req.usage(
-                input_tokens=usage.get("prompt_tokens", usage.get("input_tokens")),
-                output_tokens=usage.get("completion_tokens", usage.get("output_tokens")),
-            )
-        choices = body.get("choices")
-        if isinstance(choices, list):
-            reasons = [c.get("finish_reason") for c in choices if isinstance(c, Mapping)]
-            self._req.finish_reasons.extend(r for r in reasons if isinstance(r, str))
-        if isinstance(body.get("model"), str):
-            self._req.response_model = body["model"]
-        if isinstance(body.get("id"), str):
-            self._req.response_id = body["id"]
-
-    def failed(self, exc: BaseException | str) -> None:
-        if isinstance(exc, BaseException):
-            mark_error(self.span, exc)
-        elif self.span.is_recording():
-            self.span.set_attribute(a.ERROR_TYPE, exc)
-        self.end()
-
-    def end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        self._req.timings.upstream_ended()
-        self._req.metrics.in_flight.labels(self._req.metrics.label("backend", self.backend)).dec()
-        self.span.end()
+if TYPE_CHECKING:
+    from gateway.telemetry.service import Telemetry
 
 
 class RequestTelemetry:
@@ -108,10 +46,11 @@ class RequestTelemetry:
         path: str,
         headers: Mapping[str, str],
         record_content: bool = False,
+        timings: RequestTimings | None = None,
     ) -> None:
         self.metrics = telemetry.metrics
         self._telemetry = telemetry
-        self.timings = RequestTimings(clock=telemetry.clock)
+        self.timings = timings if timings is not None else RequestTimings(clock=telemetry.clock)
         self.trace = RequestTrace(
             telemetry.provider,
             name=f"{method} {path}",
@@ -131,6 +70,7 @@ class RequestTelemetry:
         self.reason: str | None = None
         self.stream = False
         self.attempts = 0
+        self.attempt: UpstreamAttempt | None = None  # the latest
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.cost_usd: float | None = None
@@ -144,7 +84,7 @@ class RequestTelemetry:
     # steps -----------------------------------------------------------------
     def step(
         self, name: str, attributes: Mapping[str, Any] | None = None
-    ) -> contextlib.AbstractContextManager[Span]:
+    ) -> AbstractContextManager[Span]:
         """A child span around one step (`routegate.auth`, `.rate_limit`, `.route`, …)."""
         return self.trace.step(name, attributes)
 
@@ -155,8 +95,8 @@ class RequestTelemetry:
         requested_model: str | None = None,
         stream: bool | None = None,
         operation: str = "chat",
-        max_tokens: int | None = None,
-        temperature: float | None = None,
+        max_tokens: Any = None,
+        temperature: Any = None,
     ) -> None:
         if tenant is not None:
             self.tenant = tenant
@@ -166,8 +106,11 @@ class RequestTelemetry:
             self.stream = stream
         self.trace.set({
             a.RG_TENANT: tenant, a.GEN_AI_REQUEST_MODEL: requested_model, a.RG_STREAM: stream,
-            a.GEN_AI_OPERATION_NAME: operation, a.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
-            a.GEN_AI_REQUEST_TEMPERATURE: temperature,
+            a.GEN_AI_OPERATION_NAME: operation,
+            a.GEN_AI_REQUEST_MAX_TOKENS: max_tokens if isinstance(max_tokens, int) else None,
+            a.GEN_AI_REQUEST_TEMPERATURE: (
+                temperature if isinstance(temperature, (int, float)) else None
+            ),
         })
 
     def rejected(self, kind: str, *, limit: str | None = None, priority: str = "normal") -> None:
@@ -177,6 +120,19 @@ class RequestTelemetry:
         else:
             self.metrics.observe_rejection(self.tenant or "", limit or kind)
         self._telemetry.live.rejected(kind)
+
+    def refused(self, status: int, code: str | None, kind: str | None = None) -> None:
+        """An error before any upstream attempt: count it if it was a limit or a shed."""
+        if self.attempts:
+            return
+        code = code or ""
+        if code == "budget_exceeded":
+            self.rejected("budget", limit="budget")
+        elif status == 429:
+            self.rejected("rate_limit", limit={"requests": "rpm", "tokens": "tpm"}.get(
+                kind or "", kind or "rate"))
+        elif status == 503 and any(word in code for word in ("shed", "overload", "queue")):
+            self.rejected("shed")
 
     def routed(
         self,
@@ -207,11 +163,43 @@ class RequestTelemetry:
         self.trace.set(attributes)
         self.metrics.observe_decision(route, backend, reason)
 
+    def decided(self, span: Span | None, model: str, candidates: Sequence[Any],
+                decision: Any = None) -> None:
+        """`routed()` from the pipeline's values: ordered `ModelTarget`s and, when the
+        router made one, its `RouteDecision` (read by attribute: routing stays unaware)."""
+        if not candidates:
+            return
+        first = candidates[0]
+        primary = getattr(decision, "primary", None)
+        excluded = getattr(decision, "excluded", ()) or ()
+        if decision is None:
+            reason = "static"  # the route's targets in the order written
+        elif getattr(decision, "budget_missed", False):
+            reason = "budget_miss"
+        else:
+            reason = str(getattr(decision, "objective", "static"))
+        cost_micro = getattr(primary, "cost_micro_usd", None)
+        self.routed(
+            span,
+            route=str(getattr(decision, "route", None) or model),
+            backend=first.backend_name,
+            model=first.model_name,
+            reason=reason,
+            decision_id=getattr(decision, "decision_id", None),
+            predicted_ttft_ms=getattr(primary, "ttft_ms", None),
+            predicted_total_ms=getattr(primary, "total_ms", None),
+            predicted_cost_usd=cost_micro / 1e6 if isinstance(cost_micro, int) else None,
+            candidates=[c.key for c in candidates],
+            excluded=[f"{e.key}: {e.reason}" for e in excluded] or None,
+        )
+
     @contextlib.asynccontextmanager
     async def queue_wait(self, backend: str) -> AsyncIterator[Span]:
-        """Around waiting for a backend slot: span, queue clock and queue-depth gauge."""
+        """Around waiting for a backend slot: span, queue-depth gauge, and — unless the
+        queue reported its own wait through `timings.add_wait("queue", …)` — the clock."""
         gauge = self.metrics.queue_depth.labels(self.metrics.label("backend", backend))
         span = self.trace.start("routegate.queue", {a.RG_BACKEND: backend})
+        reported_before = self.timings.queue_s
         self.timings.queue_started()
         gauge.inc()
         try:
@@ -221,37 +209,55 @@ class RequestTelemetry:
             raise
         finally:
             gauge.dec()
-            waited_ms = round(self.timings.queue_ended() * 1000.0, 3)
+            reported = self.timings.queue_s != reported_before
+            waited_s = self.timings.queue_ended()
+            if reported:  # the queue's own figure wins; do not count the wait twice
+                self.timings.queue_s -= waited_s
             if span.is_recording():
-                span.set_attribute(a.RG_QUEUE_WAIT_MS, waited_ms)
+                span.set_attribute(a.RG_QUEUE_WAIT_MS, round(waited_s * 1000.0, 3))
             span.end()
 
-    def upstream(
-        self,
-        *,
-        backend: str,
-        model: str,
-        upstream_model: str | None = None,
-        system: str = "openai",
-        server_address: str | None = None,
-        server_port: int | None = None,
-    ) -> UpstreamAttempt:
-        """Start one upstream attempt (a fallback calls this again for the next candidate)."""
-        if self.attempts and self.backend and self.backend != backend:
-            self.metrics.observe_fallback(self.route or "", self.backend, backend)
+    @contextlib.asynccontextmanager
+    async def queued(
+        self, backend: str, slot: AbstractAsyncContextManager[Any]
+    ) -> AsyncIterator[None]:
+        """Hold `slot` (a queue's context manager) with the wait for it traced."""
+        async with self.queue_wait(backend):
+            await slot.__aenter__()
+        try:
+            yield
+        except BaseException as exc:
+            if not await slot.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await slot.__aexit__(None, None, None)
+
+    def upstream(self, target: Any, headers: MutableMapping[str, str] | None = None,
+                 ) -> UpstreamAttempt:
+        """Start one attempt on a `ModelTarget` (a fallback calls this again): CLIENT span,
+        upstream clock, and `traceparent` injected into `headers`."""
+        backend, model = target.backend_name, target.model_name
+        if self.attempt is not None:
+            self.attempt.end()
+            if self.backend and self.backend != backend:
+                self.metrics.observe_fallback(self.route or "", self.backend, backend)
         self.attempts += 1
         self.backend, self.model = backend, model
+        system = getattr(target.backend, "type", "openai")
+        upstream_name = getattr(target, "upstream_name", None) or model
         span = self.trace.start_upstream(
-            f"chat {upstream_model or model}",
+            f"chat {upstream_name}",
             {a.GEN_AI_OPERATION_NAME: "chat", a.GEN_AI_SYSTEM: system,
-             a.GEN_AI_PROVIDER_NAME: system, a.GEN_AI_REQUEST_MODEL: upstream_model or model,
+             a.GEN_AI_PROVIDER_NAME: system, a.GEN_AI_REQUEST_MODEL: upstream_name,
              a.RG_BACKEND: backend, a.RG_ATTEMPT: self.attempts,
-             a.RG_FALLBACK: self.attempts > 1, a.SERVER_ADDRESS: server_address,
-             a.SERVER_PORT: server_port},
+             a.RG_FALLBACK: self.attempts > 1},
         )
         self.metrics.in_flight.labels(self.metrics.label("backend", backend)).inc()
         self.timings.upstream_started()
-        return UpstreamAttempt(self, span, backend, model)
+        self.attempt = UpstreamAttempt(self, span, backend, model)
+        if headers is not None:
+            self.attempt.inject(headers)
+        return self.attempt
 
     # facts -----------------------------------------------------------------
     def usage(self, *, input_tokens: Any = None, output_tokens: Any = None) -> None:
@@ -262,6 +268,15 @@ class RequestTelemetry:
 
     def cost(self, usd: float) -> None:
         self.cost_usd = usd
+
+    def price(self, target: Any) -> None:
+        """Cost at the policy's per-token prices (a dedicated backend's is its GPU-hours)."""
+        spec = getattr(target, "spec", None)
+        if spec is None or (self.input_tokens is None and self.output_tokens is None):
+            return
+        self.cost_usd = round(
+            (self.input_tokens or 0) * spec.input_usd_per_mtok / 1e6
+            + (self.output_tokens or 0) * spec.output_usd_per_mtok / 1e6, 9)
 
     def content(self, *, prompt: str | None = None, completion: str | None = None) -> None:
         """Prompt/completion text on the root span — only when the policy records content."""
@@ -279,16 +294,17 @@ class RequestTelemetry:
         """Close the request: root span, metrics, dashboard sample, access log (once)."""
         if self.result is not None:
             return self.result
+        if self.attempt is not None:
+            self.attempt.end()  # a disconnect may leave it open
         self.timings.finish()
         split = self.result = self.timings.split()
         backend, model = self.backend or "", self.model or ""
-        actual_ttft = split.ttft_ms
         self.trace.set({
             a.GEN_AI_RESPONSE_MODEL: self.response_model, a.GEN_AI_RESPONSE_ID: self.response_id,
             a.GEN_AI_USAGE_INPUT_TOKENS: self.input_tokens,
             a.GEN_AI_USAGE_OUTPUT_TOKENS: self.output_tokens,
             a.GEN_AI_RESPONSE_FINISH_REASONS: self.finish_reasons or None,
-            a.RG_ACTUAL_TTFT_MS: actual_ttft, a.RG_QUEUE_WAIT_MS: split.queue_ms,
+            a.RG_ACTUAL_TTFT_MS: split.ttft_ms, a.RG_QUEUE_WAIT_MS: split.queue_ms,
             a.RG_GW_MS: split.gw_ms, a.RG_UPSTREAM_MS: split.upstream_ms,
             a.RG_INFERENCE_MS: split.inference_ms, a.RG_TOTAL_MS: split.total_ms,
             a.RG_COST_USD: self.cost_usd,
@@ -314,38 +330,3 @@ class RequestTelemetry:
             timing=AccessRecord.timing_of(split),
         ))
         return split
-
-
-class Telemetry:
-    """App-wide telemetry objects; `begin()` one `RequestTelemetry` per request."""
-
-    def __init__(
-        self,
-        *,
-        provider: TracerProvider | None = None,
-        metrics: GatewayMetrics | None = None,
-        access_log: AccessLog | None = None,
-        live: LiveStats | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        self.provider: TracerProvider = provider or NoOpTracerProvider()
-        self.metrics = metrics or GatewayMetrics()
-        self.access_log = access_log or AccessLog()
-        self.live = live or LiveStats()
-        self.clock: Clock = clock or perf_counter
-
-    def begin(
-        self, *, request_id: str, method: str, path: str, headers: Mapping[str, str],
-        record_content: bool = False,
-    ) -> RequestTelemetry:
-        return RequestTelemetry(
-            self, request_id=request_id, method=method, path=path, headers=headers,
-            record_content=record_content,
-        )
-
-    def shutdown(self) -> None:
-        """Flush spans still batched (the SDK provider; the no-op one has nothing)."""
-        shutdown = getattr(self.provider, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-

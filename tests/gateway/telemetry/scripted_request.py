@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.telemetry.request import RequestTelemetry, Telemetry
+from gateway.telemetry.request import RequestTelemetry
+from gateway.telemetry.service import Telemetry
+from policies.load import ModelTarget
+from policies.schema import Backend, ModelSpec
 from tests.gateway.telemetry.fake_clock import FakeClock
 
 PROMPT = "my secret plan is to buy 400 llamas"
 COMPLETION = "the llamas arrive on tuesday"
+
+
+def target(backend: str) -> ModelTarget:
+    spec = ModelSpec(input_usd_per_mtok=100.0, output_usd_per_mtok=300.0)
+    return ModelTarget(key=f"{backend}/llama", backend_name=backend, model_name="llama",
+                       upstream_name="llama", spec=spec,
+                       backend=Backend(type="openai", url="http://127.0.0.1:9/v1",
+                                       models={"llama": spec}))
 
 
 async def scripted_request(
@@ -36,9 +47,8 @@ async def scripted_request(
                    decision_id="d-1", predicted_ttft_ms=90.0, candidates=[f"{backend}/llama"])
     async with tel.queue_wait(backend):
         tick(5)
-    attempt = tel.upstream(backend=backend, model="llama", system="openai")
     out: dict[str, str] = {}
-    attempt.inject(out)
+    attempt = tel.upstream(target(backend), out)
     if injected is not None:
         injected.update(out)
     tick(40)
@@ -53,7 +63,7 @@ async def scripted_request(
         "timings": {"inference_ms": 55.5, "decode_ms": 25.5},
     })
     attempt.end()
-    tel.cost(0.0021)
+    tel.price(target(backend))  # 12 in, 3 out at $100/$300 per Mtok
     tel.content(prompt=PROMPT, completion=COMPLETION)
     tick(1)
     tel.finish(status)

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry.metrics import GatewayMetrics, LabelGuard
-from gateway.telemetry.request import Telemetry
+from gateway.telemetry.service import Telemetry
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request
 

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from gateway.telemetry.access_log import AccessLog
-from gateway.telemetry.request import Telemetry
+from gateway.telemetry.service import Telemetry
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import COMPLETION, PROMPT, scripted_request
 

@@ -1,0 +1,64 @@
+"""`Telemetry`: the app-wide objects (tracer provider, metrics, access log, live window)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from time import perf_counter
+
+from opentelemetry.trace import NoOpTracerProvider, TracerProvider
+
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.live import LiveStats
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.request import RequestTelemetry
+from gateway.telemetry.timing import Clock, RequestTimings
+from gateway.telemetry.tracing import tracer_provider_from_env
+
+
+class Telemetry:
+    """One per app; `begin()` one `RequestTelemetry` per request. Nothing is global."""
+
+    def __init__(
+        self,
+        *,
+        provider: TracerProvider | None = None,
+        metrics: GatewayMetrics | None = None,
+        access_log: AccessLog | None = None,
+        live: LiveStats | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
+        self.provider: TracerProvider = provider or NoOpTracerProvider()
+        self.metrics = metrics or GatewayMetrics()
+        self.access_log = access_log or AccessLog()
+        self.live = live or LiveStats()
+        self.clock: Clock = clock or perf_counter
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Telemetry:
+        """What `routegate serve` uses: `OTEL_*` for traces, `PROMETHEUS_MULTIPROC_DIR`."""
+        return cls(
+            provider=tracer_provider_from_env(env),
+            metrics=GatewayMetrics(multiprocess_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None),
+        )
+
+    def begin(
+        self,
+        *,
+        request_id: str,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        record_content: bool = False,
+        timings: RequestTimings | None = None,
+    ) -> RequestTelemetry:
+        return RequestTelemetry(
+            self, request_id=request_id, method=method, path=path, headers=headers,
+            record_content=record_content, timings=timings,
+        )
+
+    def shutdown(self) -> None:
+        """Flush spans still batched (the SDK provider; the no-op one has nothing)."""
+        shutdown = getattr(self.provider, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
