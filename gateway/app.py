@@ -18,6 +18,8 @@ from gateway.pipeline import Pipeline
 from gateway.policy_admin import install_policy_admin
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
+from gateway.telemetry.install import install_telemetry
+from gateway.telemetry.service import Telemetry
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 
@@ -32,12 +34,17 @@ SUPERVISOR = web.AppKey("routegate.supervisor", Supervisor)
 _AIOHTTP_BODY_CAP = 1 << 30
 
 
-def create_app(policy: Policy, settings: Settings | None = None) -> web.Application:
+def create_app(policy: Policy, settings: Settings | None = None, *,
+               telemetry: Telemetry | None = None) -> web.Application:
+    """`telemetry`: tracer provider, metrics, access log (default: metrics only, no
+    trace export); `routegate serve` builds it from the `OTEL_*` environment."""
     settings = settings or Settings()
     app = web.Application(middlewares=[error_middleware], client_max_size=_AIOHTTP_BODY_CAP)
     live = LivePolicy(policy)
     pool = UpstreamPool()
     hooks = Hooks()
+    if telemetry is not None:
+        hooks.telemetry = telemetry
     app[SETTINGS] = settings
     app[LIVE_POLICY] = live
     app[UPSTREAMS] = pool
@@ -45,6 +52,7 @@ def create_app(policy: Policy, settings: Settings | None = None) -> web.Applicat
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
+    install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_supervised_backends)

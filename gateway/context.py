@@ -11,6 +11,7 @@ from aiohttp import web
 from gateway.auth import Identity
 from gateway.errors import GatewayError
 from gateway.server_timing import ServerTiming
+from gateway.telemetry.request import RequestTelemetry
 from policies.load import ModelTarget, Policy
 
 Body = dict[str, Any]
@@ -41,6 +42,7 @@ class RequestContext:
     policy: Policy  # the policy this request started under; a reload does not change it
     timing: ServerTiming
     request_id: str
+    telemetry: RequestTelemetry  # spans, metrics and the access log of this request
     identity: Identity | None = None
     raw: bytes = b""  # the body exactly as the client sent it
     body: Body = field(default_factory=dict)  # parsed once; treat as read-only

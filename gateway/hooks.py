@@ -6,7 +6,8 @@
   hooks.admission  rate-limit admission before routing, settlement after the response
   hooks.router     ordered candidates for a request (primary first, then fallbacks)
   hooks.queue      a per-backend slot held for the whole upstream call of one attempt
-  hooks.observers  telemetry: told when a request starts, after each attempt, at the end
+  hooks.observers  told when a request starts, after each attempt, at the end
+  hooks.telemetry  spans, metrics, access log, dashboard data (gateway/telemetry)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Protocol
 
 from gateway.context import Attempt, RequestContext
 from gateway.errors import ModelNotFound
+from gateway.telemetry.service import Telemetry
 from policies.load import ModelTarget
 
 
@@ -85,4 +87,5 @@ class Hooks:
     router: Router = route_targets_in_order
     queue: QueueSlots = field(default_factory=NoQueue)
     observers: list[Observer] = field(default_factory=list)
+    telemetry: Telemetry = field(default_factory=Telemetry)
     max_attempts: int = 3  # candidates tried per request, the primary included

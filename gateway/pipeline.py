@@ -66,16 +66,25 @@ class Pipeline:
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         ctx = self.begin(request, endpoint)
+        tel = ctx.telemetry
         observers = self.hooks.observers
         for observer in observers:
             observer.request_started(ctx)
         try:
-            self.authenticate(ctx)
+            with tel.step("routegate.auth"):
+                self.authenticate(ctx)
             await self.read_body(ctx)
             self.parse(ctx)
-            await self.hooks.admission.admit(ctx)
+            tel.identify(tenant=ctx.identity.tenant if ctx.identity else None,
+                         requested_model=ctx.model, stream=ctx.stream,
+                         operation=ctx.endpoint.name, max_tokens=ctx.body.get("max_tokens"),
+                         temperature=ctx.body.get("temperature"))
+            with tel.step("routegate.rate_limit"):
+                await self.hooks.admission.admit(ctx)
             try:
-                self.route(ctx)
+                with tel.step("routegate.route") as span:
+                    self.route(ctx)
+                    tel.decided(span, ctx.model, ctx.candidates, ctx.decision)
                 response = await self.forward(ctx)
             finally:
                 await self.hooks.admission.settle(ctx)
@@ -85,6 +94,7 @@ class Pipeline:
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status
             exc.headers.setdefault("X-Request-Id", ctx.request_id)
+            tel.refused(exc.status, exc.code, exc.type)
             raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
@@ -92,10 +102,17 @@ class Pipeline:
         finally:
             for observer in observers:
                 observer.request_finished(ctx)
+            tel.close(ctx.status, usage=ctx.usage, target=ctx.target,
+                      error_code=ctx.error.code if ctx.error else None)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
-        return RequestContext(request=request, endpoint=endpoint, policy=self.live.current,
-                              timing=request[TIMING_KEY], request_id=os.urandom(12).hex())
+        policy, timing, request_id = self.live.current, request[TIMING_KEY], os.urandom(12).hex()
+        telemetry = self.hooks.telemetry.begin(
+            request_id=request_id, method=request.method, path=request.path,
+            headers=request.headers, timings=timing,
+            record_content=policy.file.compliance.record_content)
+        return RequestContext(request=request, endpoint=endpoint, policy=policy, timing=timing,
+                              request_id=request_id, telemetry=telemetry)
 
     def authenticate(self, ctx: RequestContext) -> None:
         ctx.identity = self.auth.authenticate(ctx.request, ctx.policy)
@@ -166,12 +183,14 @@ class Pipeline:
                                  add_include_usage=ctx.stream and not ctx.client_wants_usage)
             attempt = Attempt(target=target)
             ctx.attempts.append(attempt)
-            async with self.hooks.queue.slot(ctx, target):
+            slot = self.hooks.queue.slot(ctx, target)
+            async with ctx.telemetry.queued(target.backend_name, slot):
                 ctx.target = target
-                ctx.timing.upstream_started()
+                # starts the upstream clock and span; injects this attempt's traceparent
+                traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
                 try:
                     response = await upstream.open(ctx.endpoint.path, body, ctx.upstream_headers)
-                    ctx.timing.upstream_responded()
+                    traced.responded(response.headers, response.status)
                     attempt.status = response.status
                     if ctx.stream and response.content_type == "text/event-stream":
                         result = await self.relay_stream(ctx, response)
@@ -179,11 +198,13 @@ class Pipeline:
                         result = await self.relay_body(ctx, response)
                 except UpstreamFailure as failure:
                     attempt.error, attempt.status = failure.error.message, failure.status
+                    traced.failed(failure.error.message)
                     failures.append(failure)
                     self._attempt_finished(ctx, attempt)
                     log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                              failure.error.message)
                     continue
+            traced.end()
             self._attempt_finished(ctx, attempt)
             return result
         raise self.exhausted(ctx, failures, unavailable)
@@ -209,6 +230,7 @@ class Pipeline:
                                       f"(HTTP {status}): {data[:300].decode(errors='replace')}")
         if status < 300:
             ctx.usage = usage_of(data)
+            ctx.telemetry.response_body(data)
         headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
                    "X-Request-Id": ctx.request_id}
         for header in PASSTHROUGH_HEADERS:
@@ -238,11 +260,14 @@ class Pipeline:
             ctx.bytes_sent = True
             ctx.status = 200
             try:
-                await client.write(relay.feed(first))
+                out = relay.feed(first)
+                ctx.telemetry.relayed(out)
+                await client.write(out)
                 try:
                     while data := await content.readany():
                         out = relay.feed(data)
                         if out:
+                            ctx.telemetry.relayed(out)
                             await client.write(out)
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     failure = (UpstreamTimeout if isinstance(exc, TimeoutError)

@@ -71,6 +71,7 @@ class EngineStats:
     free_blocks: int
     num_blocks: int
     preemptions: int
+    aborted: int  # requests cancelled before they finished (client gone)
 
 
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
@@ -112,6 +113,7 @@ class Engine:
         self._detok: dict[str, Detokenizer] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._aborted = 0
 
     # ---- event-loop side -------------------------------------------------------------
     def start(self) -> None:
@@ -134,6 +136,7 @@ class Engine:
             free_blocks=self.blocks.num_free,
             num_blocks=self.blocks.num_blocks,
             preemptions=self.scheduler.num_preemptions,
+            aborted=self._aborted,
         )
 
     def add_request(
@@ -229,6 +232,7 @@ class Engine:
                 aborted = self._seqs.get(str(payload))
                 if aborted is not None and not aborted.is_finished:
                     self._finish(aborted, "abort", self.clock())
+                    self._aborted += 1
                     self._forget(aborted.request_id)
 
     def _step(self) -> None:

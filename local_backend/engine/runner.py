@@ -94,5 +94,5 @@ class ModelRunner:
             torch.tensor(positions, device=self.device),
             attn,
         )
-        rows = torch.tensor(sample_rows, device=self.device)
+        rows = torch.tensor(sample_rows, device=self.device, dtype=torch.long)
         return self.model.logits(hidden.index_select(0, rows)), sampled

@@ -64,8 +64,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 even for bf16 weights, as the reference implementation does.
-        xf = x.float()
+        # Normalise in at least fp32 for bf16/fp16 weights, as the reference implementation does.
+        xf = x.float() if x.element_size() < 4 else x
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
@@ -158,5 +158,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [rows, hidden] → fp32 logits [rows, vocab]."""
-        return self.lm_head(hidden).float()
+        """hidden [rows, hidden] → logits [rows, vocab], at least fp32."""
+        logits = self.lm_head(hidden)
+        return logits.float() if logits.element_size() < 4 else logits
