@@ -79,6 +79,8 @@ class BackendQueues:
             )
         else:
             queue.set_limit(limit)
+            if service_prior_s is not None:
+                queue.set_service_prior(service_prior_s)
 
     def queue_key(self, target: ModelTarget) -> str:
         """Which queue a routed target waits in."""

@@ -21,7 +21,13 @@ from typing import Any
 from gateway.queueing.clock import Clock
 from gateway.queueing.errors import Evicted, QueueDeadlinePassed, QueueFull, WouldMissDeadline
 from gateway.queueing.fair_share import PRIORITIES, FairBand, Priority, Waiter
-from gateway.queueing.shedding import ShedPolicy, choose_victim, predicted_wait_s
+from gateway.queueing.shedding import (
+    ArrivalRate,
+    ShedPolicy,
+    WaitEstimate,
+    choose_victim,
+    estimate_wait,
+)
 
 # Weight of the newest hold time in the running mean: ~10 requests of memory,
 # fast enough to follow a backend slowing down.
@@ -73,6 +79,8 @@ class SlotQueue:
         self._bands = {priority: FairBand(weight_of) for priority in PRIORITIES}
         self._waiting = 0
         self._seq = itertools.count()
+        self._arrivals = {priority: ArrivalRate() for priority in PRIORITIES}
+        self._measured = False  # mean_service_s is still the prior
 
     # -- what routing and metrics read -------------------------------------------------
 
@@ -83,13 +91,21 @@ class SlotQueue:
     def waiting_by_priority(self) -> dict[Priority, int]:
         return {priority: len(band) for priority, band in self._bands.items()}
 
-    def predicted_wait_s(self, priority: Priority = "normal") -> float:
-        """Predicted wait of a request of `priority` arriving now (later arrivals of
-        higher bands may still overtake it)."""
+    def predicted_wait_s(self, priority: Priority = "normal", now: float | None = None) -> float:
+        """Mean predicted wait of a request of `priority` arriving now: the waiters ahead
+        of it, served at the rate the higher bands' own arrivals leave over."""
+        return self.estimate_wait(priority, now).mean_s
+
+    def estimate_wait(self, priority: Priority, now: float | None = None) -> WaitEstimate:
+        if self.limit is None:
+            return WaitEstimate(0.0, 0)
+        now = self._clock.now() if now is None else now
         rank = PRIORITIES.index(priority)
         ahead = sum(len(self._bands[p]) for p in PRIORITIES[: rank + 1])
-        return predicted_wait_s(limit=self.limit, in_flight=self.in_flight, ahead=ahead,
-                                mean_service_s=self.mean_service_s)
+        higher_rate = sum(self._arrivals[p].per_s(now) for p in PRIORITIES[:rank])
+        return estimate_wait(limit=self.limit, in_flight=self.in_flight, ahead=ahead,
+                             mean_service_s=self.mean_service_s,
+                             higher_load=higher_rate * self.mean_service_s / self.limit)
 
     # -- acquire / release --------------------------------------------------------------
 
@@ -99,9 +115,11 @@ class SlotQueue:
         if self._has_free_slot():
             self.in_flight += 1
             self.counters.admitted_at_once += 1
+            self._arrivals[priority].add(arrived)
             return Ticket(self.key, tenant, priority, 0.0, arrived, self)
         waiter = self._enqueue(tenant, priority, math.inf if deadline is None else deadline,
                                arrived)
+        self._arrivals[priority].add(arrived)
         try:
             granted_at = await waiter.future
         except asyncio.CancelledError:
@@ -114,6 +132,7 @@ class SlotQueue:
         now = self._clock.now()
         held_s = max(0.0, now - ticket.granted_at)
         self.mean_service_s += SERVICE_EWMA_ALPHA * (held_s - self.mean_service_s)
+        self._measured = True
         self.in_flight -= 1
         self._dispatch(now)
 
@@ -123,6 +142,11 @@ class SlotQueue:
             raise ValueError("a concurrency limit must be at least 1")
         self.limit = limit
         self._dispatch(self._clock.now())
+
+    def set_service_prior(self, seconds: float) -> None:
+        """A new declared hold time; ignored once real hold times have been measured."""
+        if not self._measured:
+            self.mean_service_s = seconds
 
     def expire_overdue(self, now: float | None = None) -> int:
         """Fail every waiter whose deadline has passed; returns how many. (Timers do
@@ -140,13 +164,15 @@ class SlotQueue:
 
     def _enqueue(self, tenant: str, priority: Priority, deadline: float,
                  arrived: float) -> Waiter:
-        predicted = self.predicted_wait_s(priority)
-        if arrived + predicted > deadline:
+        estimate = self.estimate_wait(priority, arrived)
+        predicted = estimate.mean_s
+        if arrived + estimate.likely_max_s > deadline:
             self.counters.rejected_deadline += 1
             raise WouldMissDeadline(
                 self.key,
-                f"{self.key!r} is saturated: the predicted queue wait of {predicted:.2f} s "
-                f"exceeds the {max(0.0, deadline - arrived):.2f} s left of the budget",
+                f"{self.key!r} is saturated: the queue wait is predicted at {predicted:.2f} s "
+                f"(up to {estimate.likely_max_s:.2f} s) and only "
+                f"{max(0.0, deadline - arrived):.2f} s are left of the budget",
                 retry_after_s=predicted, predicted_wait_s=predicted,
             )
         if self._waiting >= self._shed.cap(priority):

@@ -9,7 +9,7 @@ from tests.gateway.queueing.harness import Harness, ManualClock, settle
 
 def make(clock: ManualClock, weights: dict[str, float] | None = None) -> Harness:
     queues = BackendQueues(clock=clock, tenant_weights=weights)
-    queues.set_limit("local", 1)
+    queues.set_limit("local", 1, service_prior_s=0.01)  # deadlines below never bind
     return Harness(queues, "local")
 
 

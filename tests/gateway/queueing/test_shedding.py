@@ -9,6 +9,7 @@ from gateway.queueing import (
     ShedPolicy,
     WouldMissDeadline,
 )
+from gateway.queueing.shedding import ArrivalRate
 from tests.gateway.queueing.harness import Harness, ManualClock, settle
 
 
@@ -82,9 +83,25 @@ async def test_predicted_wait_counts_only_waiters_of_equal_or_higher_priority(
     await h.arrive_all("holder")
     await h.arrive_all("l1", "l2", "l3", priority="low")
     await h.arrive_all("n1")
+    clock.advance(120.0)  # the arrival-rate estimate forgets the burst; nothing moves
     assert h.queues.predicted_wait_s("local", "high") == pytest.approx(2.0)
     assert h.queues.predicted_wait_s("local", "normal") == pytest.approx(4.0)
     assert h.queues.predicted_wait_s("local", "low") == pytest.approx(10.0)
+
+
+async def test_predicted_wait_of_a_lower_band_grows_with_higher_band_traffic(
+        clock: ManualClock) -> None:
+    h = make(clock, service_s=0.2)
+    for _ in range(100):  # a high request every 0.4 s holding the slot 0.2 s: half the backend
+        ticket = await h.queues.acquire("local", tenant="acme", priority="high")
+        clock.advance(0.2)
+        ticket.release()
+        clock.advance(0.2)
+    await h.arrive_all("holder")
+    high = h.queues.predicted_wait_s("local", "high")
+    normal = h.queues.predicted_wait_s("local", "normal")
+    assert high == pytest.approx(0.2)
+    assert normal == pytest.approx(0.4, rel=0.1)  # 0.2 s / (1 − ~0.5 taken by high)
 
 
 async def test_predicted_wait_is_zero_while_a_slot_is_free(clock: ManualClock) -> None:
@@ -106,3 +123,20 @@ async def test_at_twice_capacity_low_is_shed_while_every_high_is_served(
     assert not [label for label in h.failed if label.startswith("high")]
     assert sum(label.startswith("low") for label in h.failed) >= 40
     assert h.queues.snapshot("local").waiting_by_priority["low"] <= 4
+
+
+async def test_request_is_refused_when_budget_covers_the_mean_wait_but_not_its_spread(
+        clock: ManualClock) -> None:
+    h = make(clock, service_s=2.0)
+    await h.arrive_all("holder")
+    await h.arrive_all("w1", "w2")  # mean 6 s; three releases spread it to ~11.7 s
+    with pytest.raises(WouldMissDeadline, match=r"up to 11\.7"):
+        await h.queues.acquire("local", tenant="acme", deadline=clock.now() + 8.0)
+
+
+def test_arrival_rate_estimate_is_unbiased_from_the_first_second() -> None:
+    rate = ArrivalRate(window_s=2.0)
+    for i in range(20):  # 10 per second for 2 s
+        rate.add(i * 0.1)
+    assert rate.per_s(2.0) == pytest.approx(10.0, rel=0.1)
+    assert rate.per_s(30.0) < 0.01  # and forgets
