@@ -153,7 +153,8 @@ def print_overload(name: str, report: dict[Priority, dict[str, float]]) -> None:
 async def overhead(n: int = 20_000, repeats: int = 5) -> None:
     """Best of `repeats` runs of each figure: the machine is shared, noise only adds."""
     figures = [await overhead_once(n) for _ in range(repeats)]
-    free_ours, free_sem, queued_ours_s, queued_sem_s = (min(column) for column in zip(*figures, strict=True))
+    free_ours, free_sem, queued_ours_s, queued_sem_s = (
+        min(column) for column in zip(*figures, strict=True))
     print("\n  per-request overhead (one event loop, best of 5, µs)")
     print(f"    {'':34} {'routegate':>10} {'asyncio.Semaphore':>18}")
     print(f"    {'free slot: acquire + release':34} {free_ours * 1e6:10.2f} "
