@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from gateway.policy_explain import add_explain_parser
 from policies.errors import PolicyError, PolicyIssue
 from policies.json_schema import render as render_schema
 from policies.load import Policy, load
@@ -30,6 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     schema = commands.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(func=lambda args: print_schema())
+
+    add_explain_parser(commands, environ_with)
 
 
 def environ_with(assignments: Sequence[str]) -> dict[str, str]:

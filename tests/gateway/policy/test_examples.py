@@ -1,0 +1,112 @@
+"""Each shipped policy loads cleanly, and `explain` routes sample requests as its header says."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.policy_explain import explain_file, explain_request
+from policies import load
+from routing.tokens import TokenCounter
+
+ROOT = Path(__file__).resolve().parents[3] / "policies"
+EXAMPLES = ROOT / "examples"
+TOKENS = TokenCounter()
+
+
+def chat(content: str, model: str = "chat") -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}]}
+
+
+PLAIN = chat("Summarise the plot of Hamlet in three sentences.")
+WITH_EMAIL = chat("Please email jo.bloggs@example.com about the invoice.")
+
+# (file, request, tenant, simulated load, expected chosen target, expected exclusions)
+CASES = [
+    ("local-first-spillover.yaml", PLAIN, None, (), "local/llama-3.1-8b", {}),
+    ("local-first-spillover.yaml", PLAIN, None, ("local/llama-3.1-8b=64",),
+     "openai/gpt-4o-mini", {"local/llama-3.1-8b": "latency_budget"}),
+    ("eu-data-residency.yaml", PLAIN, "acme", (), "azure-eu/gpt-4o-mini",
+     {"openai/gpt-4o-mini": "region", "anthropic/claude-haiku-4-5": "region"}),
+    ("eu-data-residency.yaml", PLAIN, "globex", (), "openai/gpt-4o-mini", {}),
+    ("pii-on-prem.yaml", PLAIN, None, (), "openai/gpt-4o-mini", {}),
+    ("pii-on-prem.yaml", WITH_EMAIL, None, (), "onprem/llama-3.1-8b",
+     {"openai/gpt-4o-mini": "pii"}),
+    ("premium-fastest.yaml", PLAIN, "hooli", (), "local/llama-3.1-8b", {}),
+    ("premium-fastest.yaml", chat("Summarise Hamlet.", model="chat-fast"), "initech", (),
+     "fast/llama-3.3-70b", {"openai/gpt-4o-mini": "latency_budget"}),
+    ("multi-provider-fallback.yaml", PLAIN, None, (), "openai/gpt-4o-mini", {}),
+]
+
+
+@pytest.mark.parametrize("path", [*sorted(EXAMPLES.glob("*.yaml")), ROOT / "default.yaml"],
+                         ids=lambda path: path.name)
+def test_shipped_policy_loads_without_warnings(path: Path) -> None:
+    policy = load(path, environ={})
+    assert policy.warnings == ()
+    assert path.read_text().splitlines()[1].startswith("# ")  # says what it is for
+
+
+def test_there_are_five_examples_each_with_an_explained_route() -> None:
+    names = {path.name for path in EXAMPLES.glob("*.yaml")}
+    assert len(names) >= 5 and names == {case[0] for case in CASES}
+
+
+@pytest.mark.parametrize(("name", "body", "tenant", "in_flight", "chosen", "excluded"), CASES)
+def test_explain_routes_the_sample_request_as_the_example_intends(
+        name: str, body: dict[str, Any], tenant: str | None, in_flight: tuple[str, ...],
+        chosen: str, excluded: dict[str, str]) -> None:
+    decision = explain_request(load(EXAMPLES / name, environ={}), body, tenant=tenant,
+                               in_flight=in_flight, tokens=TOKENS)
+    assert decision.primary is not None and decision.primary.key == chosen
+    assert {e.key: e.reason for e in decision.excluded} == excluded
+
+
+def test_multi_provider_fallbacks_are_ordered_by_cost() -> None:
+    decision = explain_request(load(EXAMPLES / "multi-provider-fallback.yaml", environ={}),
+                               PLAIN, tokens=TOKENS)
+    assert [c.key for c in decision.candidates] == [
+        "openai/gpt-4o-mini", "together/llama-3.3-70b", "anthropic/claude-haiku-4-5"]
+
+
+def test_explain_prints_candidates_predictions_and_the_choice(tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(WITH_EMAIL))
+    out = io.StringIO()
+    assert explain_file(str(EXAMPLES / "pii-on-prem.yaml"), str(request), environ={},
+                        out=out) == 0
+    text = out.getvalue()
+    assert "PII: email" in text
+    assert "primary  onprem/llama-3.1-8b" in text and "TTFT" in text and "cost $" in text
+    assert "openai/gpt-4o-mini               pii: request contains email" in text
+    assert text.rstrip().endswith("chosen: onprem/llama-3.1-8b; no fallback")
+
+
+def test_explain_json_is_the_decision(tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(PLAIN))
+    out = io.StringIO()
+    explain_file(str(EXAMPLES / "eu-data-residency.yaml"), str(request), tenant="acme",
+                 as_json=True, environ={}, out=out)
+    decision = json.loads(out.getvalue())
+    assert decision["candidates"][0]["target"] == "azure-eu/gpt-4o-mini"
+    assert decision["features"]["tenant_tags"] == ["eu"]
+
+
+def test_header_tightens_the_budget(tmp_path: Path) -> None:
+    decision = explain_request(load(EXAMPLES / "local-first-spillover.yaml", environ={}),
+                               PLAIN, headers=["x-routegate-ttft-budget-ms: 100"],
+                               tokens=TOKENS)
+    assert decision.features.ttft_budget_ms == 100
+    assert [c.key for c in decision.candidates] == ["local/llama-3.1-8b"]
+
+
+def test_explain_of_an_unknown_tenant_fails(tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(PLAIN))
+    assert explain_file(str(EXAMPLES / "eu-data-residency.yaml"), str(request),
+                        tenant="nobody", environ={}, out=io.StringIO()) == 1
