@@ -6,6 +6,7 @@ Resources (upstream sessions, supervised children) open and close in
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp import web
 from gateway.api import PIPELINE, add_routes
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
+from gateway.limits.http import install as install_limits
 from gateway.live_policy import LivePolicy
 from gateway.pipeline import Pipeline
 from gateway.policy_admin import install_policy_admin
@@ -52,6 +54,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
+    # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
+    install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)

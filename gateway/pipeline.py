@@ -242,6 +242,7 @@ class Pipeline:
                            response: aiohttp.ClientResponse) -> web.StreamResponse:
         name = ctx.target.backend_name if ctx.target else "?"
         relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
+        ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced
         content = response.content
         finished = False
         try:

@@ -20,13 +20,15 @@ _NULL_USAGE = (b'"usage":null', b'"usage": null')
 
 
 class SseRelay:
-    __slots__ = ("_pending", "done", "strip_usage_chunk", "usage")
+    __slots__ = ("_pending", "content_events", "done", "strip_usage_chunk", "usage")
 
     def __init__(self, *, strip_usage_chunk: bool) -> None:
         self.strip_usage_chunk = strip_usage_chunk
         self.usage: dict[str, Any] | None = None
         self.done = False  # `data: [DONE]` seen (and withheld)
         self._pending = b""
+        # chunks with a non-empty content/text delta: what a stream cut short produced
+        self.content_events = 0
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward now for one network read from the backend."""
@@ -36,6 +38,7 @@ class SseRelay:
             data = self._pending + data
             self._pending = b""
         if data.endswith(b"\n\n") and _USAGE not in data and _DONE not in data:
+            self.content_events += _content_count(data)
             return data  # the common case: whole token events, nothing to look at
         out: list[bytes] = []
         start = 0
@@ -48,7 +51,9 @@ class SseRelay:
             start = end + 2
             if self._keep(event):
                 out.append(event)
-        return b"".join(out)
+        kept = b"".join(out)
+        self.content_events += _content_count(kept)
+        return kept
 
     def _keep(self, event: bytes) -> bool:
         payload = _data_field(event)
@@ -72,6 +77,13 @@ class SseRelay:
         """An unterminated last event, forwarded as is when the stream ends."""
         rest, self._pending = self._pending, b""
         return rest
+
+
+def _content_count(data: bytes) -> int:
+    """Content-bearing chunks in complete events (compact JSON, as OpenAI-compatible
+    servers send it); C-speed byte counts, no parsing."""
+    return (data.count(b'"content":"') + data.count(b'"text":"')
+            - data.count(b'"content":""') - data.count(b'"text":""'))
 
 
 def _data_field(event: bytes) -> bytes | None:

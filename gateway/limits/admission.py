@@ -1,0 +1,102 @@
+"""The pipeline's `hooks.admission`: estimate, admit, and settle with the actual usage.
+
+Admission reserves `estimated input tokens + expected output` (`max_completion_tokens`
+/ `max_tokens`, else the route's `expected_output_tokens`). Settlement replaces it
+with what the backend reported in `usage`; a stream cut short (client gone, backend
+dropped) that never reported usage is charged its estimated input plus the content
+chunks actually relayed (one token each, as OpenAI-compatible servers stream them);
+a request that never reached a backend is refunded.
+
+What the request leaves in `ctx.state` for the later steps:
+  BUDGET_LEFT_STATE  micro-dollars the tenant may still spend (None: no budget) —
+                     routing passes it as `RequestFeatures.tenant_budget_left_micro_usd`
+  INPUT_TOKENS_STATE the input-token estimate used for the reservation
+  TICKET_STATE       the limiter's ticket (reservation and response headers)
+Routing may put an amortised price for a dedicated target under `PRICE_STATE`
+(USD per million tokens); settlement charges it instead of the declared prices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.context import RequestContext
+from gateway.limits.ledger import cost_micros
+from gateway.limits.limiter import Limiter, Ticket
+from gateway.limits.store import Charge
+from routing.tokens import TokenCounter
+
+TICKET_STATE = "limits.ticket"
+BUDGET_LEFT_STATE = "tenant_budget_left_micro_usd"
+INPUT_TOKENS_STATE = "estimated_input_tokens"
+PRICE_STATE = "amortised_usd_per_mtok"
+RELAY_STATE = "sse_relay"  # the pipeline's SseRelay for a streamed response
+# Where the response headers wait for `on_response_prepare` (see gateway/limits/http.py).
+HEADERS_KEY = web.RequestKey("routegate.ratelimit_headers", dict[str, str])
+
+
+def expected_output_tokens(ctx: RequestContext) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = ctx.body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    route = ctx.policy.routes.get(ctx.model)
+    if route is not None:
+        return route.expected_output_tokens
+    return 0 if ctx.endpoint.name == "embeddings" else 256
+
+
+def _reported(usage: dict[str, Any]) -> tuple[int, int]:
+    def number(*names: str) -> int:
+        for name in names:
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return 0
+
+    return (number("prompt_tokens", "input_tokens"),
+            number("completion_tokens", "output_tokens"))
+
+
+def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
+    """(input, output) tokens this request really used, as well as can be known."""
+    if ctx.usage is not None:
+        return _reported(ctx.usage)
+    if not ctx.bytes_sent:
+        return 0, 0  # no backend answered (or it failed before streaming): nothing used
+    relay = ctx.state.get(RELAY_STATE)
+    produced = getattr(relay, "content_events", 0)
+    return int(ctx.state.get(INPUT_TOKENS_STATE, 0)), int(produced)
+
+
+class LimitsAdmission:
+    def __init__(self, limiter: Limiter, tokens: TokenCounter | None = None) -> None:
+        self.limiter = limiter
+        self.tokens = tokens or TokenCounter()
+
+    async def admit(self, ctx: RequestContext) -> None:
+        identity = ctx.identity
+        tenant = identity.tenant if identity is not None else "anonymous"
+        input_tokens = self.tokens.count_request(ctx.body)
+        ctx.state[INPUT_TOKENS_STATE] = input_tokens
+        route = ctx.model if ctx.model in ctx.policy.routes else None
+        ticket = await self.limiter.admit(
+            ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx),
+            key_hash=identity.key_hash if identity is not None else None, route=route)
+        ctx.state[TICKET_STATE] = ticket
+        ctx.state[BUDGET_LEFT_STATE] = ticket.remaining_budget_micros
+        ctx.request[HEADERS_KEY] = ticket.headers
+
+    async def settle(self, ctx: RequestContext) -> None:
+        ticket: Ticket | None = ctx.state.get(TICKET_STATE)
+        if ticket is None:
+            return
+        input_tokens, output_tokens = actual_tokens(ctx)
+        cost = 0
+        if ctx.target is not None and (input_tokens or output_tokens):
+            cost = cost_micros(ctx.target.backend, ctx.target.spec, input_tokens, output_tokens,
+                               amortised_price_usd_per_mtok=ctx.state.get(PRICE_STATE))
+        await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
+                                  charge=Charge(input_tokens, output_tokens, cost))

@@ -1,0 +1,75 @@
+"""Limits in the app: the admission hook, headers on every response, `/admin/usage`.
+
+    GET /admin/usage?tenant=acme   requests, tokens and spend this day and month
+                                   (admin key; 503 while a Redis store is unreachable)
+
+The `x-ratelimit-*` headers are added in `on_response_prepare`, so they reach every
+response of an admitted request — JSON, streamed, or an error after admission —
+without the pipeline handling them; a 429 carries its own on the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.auth import require_admin
+from gateway.errors import BadRequest
+from gateway.hooks import Hooks
+from gateway.limits.admission import HEADERS_KEY, LimitsAdmission
+from gateway.limits.limiter import Limiter, LimitStoreUnavailable
+from gateway.limits.store import LimitStore, StoreUnavailable
+from gateway.limits.wiring import open_store, store_url
+from gateway.live_policy import LivePolicy
+
+LIMITER = web.AppKey("routegate.limiter", Limiter)
+_LIVE = web.AppKey("routegate.limits.live", LivePolicy)
+
+
+def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
+            redis_url: str | None = None, store: LimitStore | None = None,
+            clock: Callable[[], float] | None = None) -> Limiter:
+    """Wire the store named by the policy (`redis_url`, from `ROUTEGATE_REDIS_URL`, wins).
+
+    The store is chosen once, at start-up: a reloaded policy changes limits and budgets
+    at once, but moving to another store needs a restart.
+    """
+    settings = live.current.file.limits
+    if store is None:
+        store = open_store(settings, url=store_url(settings, redis_url))
+    limiter = Limiter(store) if clock is None else Limiter(store, clock=clock)
+    app[LIMITER] = limiter
+    app[_LIVE] = live
+    hooks.admission = LimitsAdmission(limiter)
+    app.on_response_prepare.append(_add_rate_limit_headers)
+    app.cleanup_ctx.append(_close_store)
+    app.router.add_get("/admin/usage", get_usage)
+    return limiter
+
+
+async def _add_rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    headers = request.get(HEADERS_KEY)
+    if headers:
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+
+
+async def _close_store(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[LIMITER].aclose()
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    policy = request.app[_LIVE].current
+    require_admin(request, policy)
+    tenant = request.query.get("tenant")
+    if not tenant:
+        raise BadRequest("Name the tenant: GET /admin/usage?tenant=NAME.", param="tenant")
+    try:
+        report = await request.app[LIMITER].usage(policy, tenant)
+    except StoreUnavailable as exc:
+        raise LimitStoreUnavailable("Usage cannot be read: the limit store is unavailable.") \
+            from exc
+    return web.Response(body=orjson.dumps(report), content_type="application/json")
