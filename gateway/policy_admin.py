@@ -13,14 +13,13 @@ from typing import Any, ClassVar
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
 
 from gateway.auth import require_admin
 from gateway.errors import GatewayError, NotFound
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
 from gateway.policy_shadow import ShadowPolicy
-from gateway.policy_watch import CounterLike, PolicyReloader, ReloadResult, reload_context
+from gateway.policy_watch import PolicyReloader, ReloadResult, reload_context
 from gateway.settings import Settings
 from policies.load import load
 from routing.tokens import TokenCounter
@@ -45,28 +44,19 @@ class InvalidPolicy(GatewayError):
         return {**super().body(), "reload": self.result.to_dict()}
 
 
-def reload_counter(registry: CollectorRegistry | None = None) -> Counter:
-    """`routegate_policy_reloads_total{result}` for an app without `GatewayMetrics`
-    (which has its own `policy_reloads`, the one to pass when telemetry is wired)."""
-    return Counter("policy_reloads", "Policy file reloads (result = ok | invalid).",
-                   ["result"], namespace="routegate", registry=registry or CollectorRegistry())
-
-
 def install_policy_admin(app: web.Application, live: LivePolicy, hooks: Hooks,
-                         settings: Settings, *, reloads: CounterLike | None = None,
-                         registry: CollectorRegistry | None = None) -> None:
+                         settings: Settings) -> None:
     """Wire hot reload (when the policy came from a file), shadow mode (when asked for)
-    and the admin endpoints. `reloads` is `GatewayMetrics.policy_reloads` once telemetry
-    is wired; `registry` is where the shadow counter goes."""
+    and the admin endpoints. Both counters live in the app's own metrics registry."""
+    metrics = hooks.telemetry.metrics
     app[LIVE] = live
     if settings.policy_path is not None:
-        reloader = PolicyReloader(live, settings.policy_path,
-                                  reloads=reloads if reloads is not None else reload_counter())
+        reloader = PolicyReloader(live, settings.policy_path, reloads=metrics.policy_reloads)
         app[RELOADER] = reloader
         app.cleanup_ctx.append(reload_context(reloader, watch=settings.watch_policy))
     if settings.shadow_policy_path is not None:
         shadow = ShadowPolicy(load(settings.shadow_policy_path), tokens=TokenCounter(),
-                              registry=registry)
+                              registry=metrics.registry)
         app[SHADOW] = shadow
         hooks.observers.append(shadow)
     app.router.add_get("/admin/policy", get_policy)

@@ -117,9 +117,11 @@ async def test_reloads_are_counted_by_result(
     await reloader.reload("test")
     write(policy_path, "version: 1\n")
     await reloader.reload("test")
-    counter = reloader._reloads
-    assert counter.labels("ok")._value.get() == 1
-    assert counter.labels("invalid")._value.get() == 1
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/metrics") as response:
+        exposition = await response.text()
+    assert 'routegate_policy_reloads_total{result="ok"} 1.0' in exposition
+    assert 'routegate_policy_reloads_total{result="invalid"} 1.0' in exposition
 
 
 async def test_admin_endpoints_need_the_admin_key(

@@ -58,8 +58,11 @@ async def test_shadow_counts_differing_decisions_without_changing_responses(
     sample = report["samples"][0]
     assert (sample["live"]["outcome"], sample["shadow"]["outcome"]) == ("a/m", "b/m")
     assert "hi" not in str(report)  # no request content
-    counter = gateway.app[SHADOW].decisions
-    assert counter.labels("different")._value.get() == 2
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/metrics") as response:
+        exposition = await response.text()
+    assert 'routegate_policy_shadow_decisions_total{result="different"} 2.0' in exposition
+    assert gateway.app[SHADOW].different == 2
 
 
 async def test_shadow_endpoint_without_a_shadow_policy_is_404(
