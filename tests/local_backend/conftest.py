@@ -82,10 +82,11 @@ async def make_engine(tiny_dir: Path) -> AsyncIterator[EngineFactory]:
     model = load_model(tiny_dir, dtype=torch.float64, progress=None)
     tokenizer = Tokenizer.from_dir(tiny_dir)
 
-    def factory(**overrides: Any) -> Engine:
+    def factory(start: bool = True, **overrides: Any) -> Engine:
         config = EngineConfig(**{"num_blocks": 64, "block_size": 4, **overrides})
         engine = Engine(model, tokenizer, config, eos_token_ids=())
-        engine.start()
+        if start:
+            engine.start()
         engines.append(engine)
         return engine
 

@@ -60,7 +60,8 @@ async def test_preempted_requests_recompute_to_the_same_tokens(
     engine = make_engine(num_blocks=24, block_size=4, prefix_caching=False)
     prompts = [prompt(10 + i, 14) for i in range(4)]
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
-    results = await asyncio.gather(*(run(engine, f"p{i}", p, params) for i, p in enumerate(prompts)))
+    runs = (run(engine, f"p{i}", p, params) for i, p in enumerate(prompts))
+    results = await asyncio.gather(*runs)
     assert engine.stats().preemptions > 0
     for ids, (tokens, _) in zip(prompts, results, strict=True):
         assert tokens == reference.greedy(tiny_state, tiny_config, ids, 20)
@@ -71,12 +72,12 @@ async def test_prefix_cache_hit_reuses_blocks_and_matches_reference(
 ) -> None:
     engine = make_engine()
     shared = prompt(42, 20)
-    first, first_cached = await run(engine, "first", shared + [1, 2, 3])
-    second_ids = shared + [7, 8, 9, 10, 11]
+    first, first_cached = await run(engine, "first", [*shared, 1, 2, 3])
+    second_ids = [*shared, 7, 8, 9, 10, 11]
     second, second_cached = await run(engine, "second", second_ids)
     assert first_cached == 0
     assert second_cached == 20  # five full 4-token blocks of the shared prefix
-    assert first == reference.greedy(tiny_state, tiny_config, shared + [1, 2, 3], 10)
+    assert first == reference.greedy(tiny_state, tiny_config, [*shared, 1, 2, 3], 10)
     assert second == reference.greedy(tiny_state, tiny_config, second_ids, 10)
 
 
