@@ -28,7 +28,7 @@ async def test_a_proxied_reply_names_gateway_upstream_and_total_time(
             gateway.base_url + "/chat/completions", json=body) as response:
         entries = _entries(response.headers["Server-Timing"])
 
-    assert list(entries) == ["gw", "upstream-fb", "upstream", "total"]
+    assert list(entries) == ["gw", "queue", "upstream-fb", "upstream", "total"]
     assert entries["upstream-fb"] <= entries["upstream"] <= entries["total"]
     assert abs(entries["gw"] + entries["upstream"] - entries["total"]) < 0.01
 
@@ -37,7 +37,7 @@ async def test_an_error_reply_carries_server_timing_too(gateway: RunningGateway)
     async with aiohttp.ClientSession() as session, session.post(
             gateway.base_url + "/chat/completions", data=b"{") as response:
         entries = _entries(response.headers["Server-Timing"])
-    assert response.status == 400 and set(entries) == {"gw", "total"}
+    assert response.status == 400 and set(entries) == {"gw", "queue", "upstream", "total"}
 
 
 def test_waits_are_not_counted_as_gateway_time() -> None:
