@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.api import PIPELINE, add_routes
+from gateway.api.openai import PIPELINE, add_routes
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.limits.http import install as install_limits

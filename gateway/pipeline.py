@@ -339,18 +339,17 @@ def usage_of(data: bytes) -> dict[str, object] | None:
     if key < 0:
         return None
     start = data.find(b"{", key)
-    if start >= 0 and not data[key + 7:start].strip(b" :\t\r\n"):
-        depth = 0
-        for index in range(start, len(data)):
-            byte = data[index]
-            if byte == 0x7B:
-                depth += 1
-            elif byte == 0x7D:
-                depth -= 1
-                if depth == 0:
-                    try:
-                        usage = orjson.loads(data[start:index + 1])
-                    except orjson.JSONDecodeError:
-                        break
-                    return usage if isinstance(usage, dict) else None
+    if start < 0 or data[key + 7:start].strip(b" :\t\r\n"):
+        return None  # `"usage": null`, or the word in some other position
+    # Usage holds numbers and small nested objects (`*_tokens_details`), never strings
+    # with braces, so the first `}` that balances the `{`s seen so far closes it.
+    end = start
+    while (end := data.find(b"}", end + 1)) >= 0:
+        segment = data[start:end + 1]
+        if segment.count(b"{") == segment.count(b"}"):
+            try:
+                usage = orjson.loads(segment)
+            except orjson.JSONDecodeError:
+                return None
+            return usage if isinstance(usage, dict) else None
     return None

@@ -1,5 +1,5 @@
-"""The HTTP API surface: OpenAI-compatible handlers and request validation."""
+"""The HTTP API surface: OpenAI-compatible handlers (`gateway.api.openai`) and request
+validation and rewriting (`validate`, `rewrite`). Nothing is re-exported here, so the
+pipeline can use `rewrite` without importing the handlers that import the pipeline."""
 
-from gateway.api.openai import PIPELINE, add_routes
-
-__all__ = ["PIPELINE", "add_routes"]
+__all__: list[str] = []

@@ -17,6 +17,7 @@ import orjson
 
 _MODEL_KEY = b'"model"'
 _WHITESPACE = b" \t\r\n"
+_KEY_OPENERS = b"{,"
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
@@ -37,8 +38,10 @@ def _splice_model(raw: bytes, model: str, upstream_name: str) -> bytes | None:
     if raw.count(_MODEL_KEY) != 1 or b"\\u" in raw:
         return None
     key = raw.index(_MODEL_KEY)
-    before = raw[:key].rstrip(_WHITESPACE)
-    if not before or before[-1:] not in (b"{", b","):
+    before = key - 1
+    while before >= 0 and raw[before] in _WHITESPACE:
+        before -= 1
+    if before < 0 or raw[before] not in _KEY_OPENERS:
         return None
     colon = key + len(_MODEL_KEY)
     while raw[colon] in _WHITESPACE:
