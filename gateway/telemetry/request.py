@@ -35,6 +35,10 @@ from gateway.telemetry.timing import RequestTimings, TimingSplit
 if TYPE_CHECKING:
     from gateway.telemetry.service import Telemetry
 
+# The gateway's endpoint names → GenAI `gen_ai.operation.name` values.
+OPERATIONS = {"chat.completions": "chat", "completions": "text_completion",
+              "embeddings": "embeddings"}
+
 
 class RequestTelemetry:
     def __init__(
@@ -106,7 +110,7 @@ class RequestTelemetry:
             self.stream = stream
         self.trace.set({
             a.RG_TENANT: tenant, a.GEN_AI_REQUEST_MODEL: requested_model, a.RG_STREAM: stream,
-            a.GEN_AI_OPERATION_NAME: operation,
+            a.GEN_AI_OPERATION_NAME: OPERATIONS.get(operation, operation),
             a.GEN_AI_REQUEST_MAX_TOKENS: max_tokens if isinstance(max_tokens, int) else None,
             a.GEN_AI_REQUEST_TEMPERATURE: (
                 temperature if isinstance(temperature, (int, float)) else None
@@ -259,6 +263,22 @@ class RequestTelemetry:
             self.attempt.inject(headers)
         return self.attempt
 
+    # what the relay sees, for the current attempt ---------------------------
+    def relayed(self, data: bytes) -> None:
+        """SSE bytes about to be written to the client."""
+        if self.attempt is not None and data:
+            self.attempt.relayed(data)
+
+    def response_body(self, data: bytes) -> None:
+        """A successful non-streamed JSON response."""
+        if self.attempt is not None:
+            self.attempt.body_bytes(data)
+
+    def final_chunk(self, chunk: Mapping[str, Any] | None) -> None:
+        """A stream's last JSON chunk (usage, and a backend's timings when it sends them)."""
+        if self.attempt is not None and chunk:
+            self.attempt.body(chunk)
+
     # facts -----------------------------------------------------------------
     def usage(self, *, input_tokens: Any = None, output_tokens: Any = None) -> None:
         if isinstance(input_tokens, int):
@@ -289,6 +309,17 @@ class RequestTelemetry:
 
     def server_timing(self) -> str:
         return self.split().server_timing()
+
+    def close(self, status: int | None, *, usage: Mapping[str, Any] | None = None,
+              target: Any = None, error_code: str | None = None) -> TimingSplit:
+        """`finish()` from the pipeline's values: final usage, priced at `target`."""
+        if usage:
+            self.usage(input_tokens=usage.get("prompt_tokens"),
+                       output_tokens=usage.get("completion_tokens"))
+        if target is not None and self.cost_usd is None:
+            self.price(target)
+        # No status means an unexpected exception: the middleware answers 500.
+        return self.finish(status if status is not None else 500, error_code=error_code)
 
     def finish(self, status: int, *, error_code: str | None = None) -> TimingSplit:
         """Close the request: root span, metrics, dashboard sample, access log (once)."""

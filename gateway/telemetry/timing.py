@@ -79,7 +79,7 @@ class RequestTimings:
     """Clock marks of one request. Methods are called by the pipeline as steps happen."""
 
     clock: Clock = time.perf_counter
-    start_s: float = field(default=-1.0)
+    start: float = -1.0  # clock() at arrival; negative = now
     queue_s: float = 0.0
     upstream_s: float = 0.0  # finished attempts
     end_s: float | None = None
@@ -94,8 +94,8 @@ class RequestTimings:
     _last_token_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.start_s < 0:
-            self.start_s = self.clock()
+        if self.start < 0:
+            self.start = self.clock()
 
     # queue -----------------------------------------------------------------
     def queue_started(self) -> None:
@@ -133,10 +133,6 @@ class RequestTimings:
         self.tokens_relayed += count
 
     # the pipeline's original ServerTiming interface ------------------------
-    @property
-    def start(self) -> float:
-        return self.start_s
-
     def add_wait(self, name: str, seconds: float) -> None:
         """Time spent waiting outside the gateway's control (`queue`, …); not gateway time."""
         if name == "queue":
@@ -180,7 +176,7 @@ class RequestTimings:
         upstream_s = self.upstream_s
         if self._upstream_started_s is not None:
             upstream_s += now - self._upstream_started_s
-        total_ms = _ms(now - self.start_s)
+        total_ms = _ms(now - self.start)
         queue_ms, upstream_ms = _ms(queue_s), _ms(upstream_s)
         other = tuple((name, _ms(seconds)) for name, seconds in self.waits_s.items())
         # gw is the remainder of the rounded figures, so the parts add up exactly.
@@ -194,7 +190,7 @@ class RequestTimings:
             upstream_ms=upstream_ms,
             total_ms=total_ms,
             ttft_ms=(
-                _ms(self._first_token_s - self.start_s) if self._first_token_s is not None else None
+                _ms(self._first_token_s - self.start) if self._first_token_s is not None else None
             ),
             upstream_first_byte_ms=first_byte_ms,
             inter_token_ms=self._inter_token_ms(),
