@@ -1,0 +1,375 @@
+"""What the gateway adds on top of talking to the backend directly, measured side by side.
+
+One run on loopback starts a fast fake upstream, a bare aiohttp pass-through proxy (the
+Python floor) and `routegate serve` (auth, routing and rate limits on), and measures
+for each of direct / bare proxy / routegate:
+
+  throughput at concurrency 1, 16, 64 (non-streaming chat completions)
+  p50 / p99 latency, and what each proxy adds over direct
+  streaming time to first byte (first SSE event) at concurrency 1
+  CPU time per request of the process under test (robust to other load on the machine)
+  peak RSS of each proxy process
+
+The proxies are pinned to core 0 with `taskset` when available; the upstream and this
+load generator (a minimal keep-alive HTTP/1.1 client, cheaper than aiohttp's) run on
+the other cores. Only one proxy runs at a time. Request counts are bounded so a run
+takes well under two minutes.
+
+    .venv/bin/python bench/overhead.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "bench-key"
+
+CHAT_REPLY = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"m",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how can I '
+    b'help?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,'
+    b'"total_tokens":16}}')
+STREAM_EVENTS = b"".join(
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"m","choices":'
+    b'[{"index":0,"delta":{"content":"' + word + b'"},"finish_reason":null}]}\n\n'
+    for word in (b"Hello", b" there", b" how", b" can", b" I", b" help")) + (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":9,"completion_tokens":6,"total_tokens":15}}\n\n'
+    b"data: [DONE]\n\n")
+
+
+# --- processes under test -------------------------------------------------------------
+
+def run_upstream(port: int) -> None:
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if b'"stream":true' in body or b'"stream": true' in body:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(STREAM_EVENTS)
+            await response.write_eof()
+            return response
+        return web.Response(body=CHAT_REPLY, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    _run_app(app, port)
+
+
+def run_bare_proxy(port: int, upstream: str) -> None:
+    """The floor: forward body and reply bytes, nothing else (no auth, parsing, limits)."""
+    import aiohttp
+    from aiohttp import web
+
+    async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+        yield
+        await app["session"].close()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        session: aiohttp.ClientSession = request.app["session"]
+        async with session.post(upstream + "/chat/completions", data=body,
+                                headers={"Content-Type": "application/json"}) as upstream_reply:
+            if upstream_reply.content_type == "text/event-stream":
+                response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await response.prepare(request)
+                async for chunk in upstream_reply.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+            return web.Response(body=await upstream_reply.read(), status=upstream_reply.status,
+                                content_type="application/json")
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/chat/completions", chat)
+    _run_app(app, port)
+
+
+def _run_app(app: object, port: int) -> None:
+    import uvloop
+    from aiohttp import web
+
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None,  # type: ignore[arg-type]
+                print=None, handler_cancellation=True)
+
+
+# --- load generator -------------------------------------------------------------------
+
+def _request_bytes(port: int, stream: bool, authorized: bool) -> bytes:
+    body = (b'{"model":"chat","messages":[{"role":"system","content":"You are terse."},'
+            b'{"role":"user","content":"Say hello in a few words, please."}],"max_tokens":32'
+            + (b',"stream":true' if stream else b"") + b"}")
+    auth = f"Authorization: Bearer {KEY}\r\n".encode() if authorized else b""
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port + auth
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    payload: bytes) -> tuple[float, float]:
+    """One request on a kept-alive connection: (seconds to first body byte, total)."""
+    start = time.perf_counter()
+    writer.write(payload)
+    head = await reader.readuntil(b"\r\n\r\n")
+    if head[9:12] != b"200":
+        raise RuntimeError(f"HTTP {head[9:12].decode()}: {head[:200]!r}")
+    lower = head.lower()
+    first = None
+    if b"transfer-encoding: chunked" in lower:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            await reader.readexactly(size + 2)
+            if first is None:
+                first = time.perf_counter()
+    else:
+        marker = lower.index(b"content-length:") + 15
+        length = int(lower[marker:lower.index(b"\r\n", marker)])
+        await reader.readexactly(length)
+    end = time.perf_counter()
+    return (first or end) - start, end - start
+
+
+@dataclass
+class Result:
+    rps: float
+    latencies_ms: list[float]
+    first_byte_ms: list[float]
+    cpu_us: float = 0.0  # CPU of the process under test per request (upstream for direct)
+
+    def pct(self, q: float, first: bool = False) -> float:
+        values = sorted(self.first_byte_ms if first else self.latencies_ms)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def load(port: int, concurrency: int, total: int, *, stream: bool = False,
+               authorized: bool = True) -> Result:
+    payload = _request_bytes(port, stream, authorized)
+    per_worker = max(1, total // concurrency)
+    latencies: list[float] = []
+    first_bytes: list[float] = []
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for _ in range(per_worker):
+                first, whole = await _exchange(reader, writer, payload)
+                latencies.append(whole * 1000)
+                first_bytes.append(first * 1000)
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    return Result(len(latencies) / elapsed, latencies, first_bytes)
+
+
+# --- orchestration --------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def pinned(command: list[str], cores: str) -> list[str]:
+    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+        return ["taskset", "-c", cores, *command]
+    return command
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def routegate_policy(upstream: str) -> str:
+    key_hash = "sha256:" + hashlib.sha256(KEY.encode()).hexdigest()
+    return f"""version: 1
+backends:
+  fast:
+    type: openai
+    url: {upstream}
+    models: {{m: {{}}}}
+routes:
+  chat: {{targets: [fast/m]}}
+tenants:
+  bench:
+    api_keys: ["{key_hash}"]
+    limits: {{requests_per_minute: 100000000, tokens_per_minute: 1000000000}}
+defaults:
+  limits: {{requests_per_minute: 100000000, tokens_per_minute: 1000000000}}
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used: unlike req/s, not skewed by other load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(port: int, pid: int, counts: dict[int, int], stream_count: int,
+                  authorized: bool) -> dict[str, Result]:
+    await load(port, 16, 400, authorized=authorized)  # warm-up: connections, caches
+    await load(port, 1, 50, stream=True, authorized=authorized)
+    results = {}
+    for c, n in counts.items():
+        before = cpu_seconds(pid)
+        results[f"c{c}"] = result = await load(port, c, n, authorized=authorized)
+        result.cpu_us = (cpu_seconds(pid) - before) * 1e6 / len(result.latencies_ms)
+    results["stream"] = await load(port, 1, stream_count, stream=True, authorized=authorized)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("role", nargs="?", choices=["upstream", "bare-proxy"])
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--upstream")
+    args = parser.parse_args(argv)
+    if args.role == "upstream":
+        run_upstream(args.port)
+        return 0
+    if args.role == "bare-proxy":
+        run_bare_proxy(args.port, args.upstream)
+        return 0
+
+    scale = 0.2 if args.quick else 1.0
+    counts = {1: int(1000 * scale), 16: int(3000 * scale), 64: int(4000 * scale)}
+    stream_count = int(800 * scale)
+    others = "1" if (os.cpu_count() or 1) == 2 else f"1-{(os.cpu_count() or 2) - 1}"
+    python = sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str], port: int, cores: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(pinned(command, cores), env=env, cwd=ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        processes.append(process)
+        wait_listening(port, process)
+        return process
+
+    rounds: list[dict[str, dict[str, Result]]] = []
+    rss: dict[str, float] = {}
+    policy_path = Path(tempfile.mkstemp(suffix=".yaml")[1])
+    try:
+        upstream_port = free_port()
+        up = start([python, __file__, "upstream", "--port", str(upstream_port)], upstream_port,
+                   others)
+        upstream = f"http://127.0.0.1:{upstream_port}/v1"
+        policy_path.write_text(routegate_policy(upstream))
+        bare_port, gateway_port = free_port(), free_port()
+        bare = start([python, __file__, "bare-proxy", "--port", str(bare_port), "--upstream",
+                      upstream], bare_port, "0")
+        gateway = start([python, "-m", "gateway", "serve", "--policy", str(policy_path),
+                         "--port", str(gateway_port)], gateway_port, "0")
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+            os.sched_setaffinity(0, {int(others.split("-")[0])})  # the load generator
+        # Both proxies idle on core 0 while the other is measured; the rounds interleave so
+        # that noise from anything else on the machine hits all three alike.
+        for _ in range(args.rounds):
+            rounds.append({
+                "direct": asyncio.run(measure(upstream_port, up.pid, counts, stream_count,
+                                              False)),
+                "bare proxy": asyncio.run(measure(bare_port, bare.pid, counts, stream_count,
+                                                  False)),
+                "routegate": asyncio.run(measure(gateway_port, gateway.pid, counts,
+                                                 stream_count, True)),
+            })
+        rss["bare proxy"], rss["routegate"] = peak_rss_mb(bare.pid), peak_rss_mb(gateway.pid)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(10)
+        policy_path.unlink(missing_ok=True)
+    report(rounds, rss)
+    return 0
+
+
+def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) -> None:
+    names = list(rounds[0])
+
+    def metric(name: str, key: str, q: float | None = None, first: bool = False,
+               cpu: bool = False) -> float:
+        """Median over rounds of one figure (throughput when q is None)."""
+        values = [r[name][key].cpu_us if cpu else r[name][key].rps if q is None
+                  else r[name][key].pct(q, first) for r in rounds]
+        return statistics.median(values)
+
+    print(f"\nmedian of {len(rounds)} interleaved rounds")
+    print(f"{'':36}" + "".join(f"{name:>12}" for name in names) + f"{'rg / bare':>11}")
+
+    def row(label: str, values: list[float], fmt: str) -> None:
+        print(f"{label:36}" + "".join(fmt.format(v) for v in values)
+              + f"{values[2] / values[1]:>11.2f}")
+
+    for c in (1, 16, 64):
+        row(f"throughput req/s, concurrency {c}", [metric(n, f"c{c}") for n in names],
+            "{:>12.0f}")
+    for c in (16, 64):
+        row(f"CPU us per request, concurrency {c}",
+            [metric(n, f"c{c}", cpu=True) for n in names], "{:>12.0f}")
+    for c in (1, 64):
+        for q in (0.5, 0.99):
+            row(f"latency p{int(q * 100)} ms, concurrency {c}",
+                [metric(n, f"c{c}", q) for n in names], "{:>12.3f}")
+    for q in (0.5, 0.99):
+        row(f"stream first byte p{int(q * 100)} ms, conc. 1",
+            [metric(n, "stream", q, True) for n in names], "{:>12.3f}")
+    print(f"{'peak RSS MB':36}{'':>12}" + "".join(f"{rss[n]:>12.1f}" for n in names[1:]))
+
+    print(f"\n{'added over direct (ms)':36}{'bare proxy':>12}{'routegate':>12}{'rg - bare':>11}")
+    for label, key, q, first in (("p50 latency, concurrency 1", "c1", 0.5, False),
+                                 ("p99 latency, concurrency 1", "c1", 0.99, False),
+                                 ("p50 stream first byte, conc. 1", "stream", 0.5, True),
+                                 ("p99 latency, concurrency 64", "c64", 0.99, False)):
+        direct = metric("direct", key, q, first)
+        bare = metric("bare proxy", key, q, first) - direct
+        gateway = metric("routegate", key, q, first) - direct
+        print(f"{label:36}{bare:>12.3f}{gateway:>12.3f}{gateway - bare:>11.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
