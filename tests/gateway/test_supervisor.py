@@ -37,8 +37,9 @@ def child_settings() -> Settings:
 
 
 async def _until(condition: Any, timeout_s: float = 10.0) -> None:
+    """Poll: the supervisor's state changes come from a child process, not an event."""
     async with asyncio.timeout(timeout_s):
-        while not condition():
+        while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
 
@@ -106,5 +107,6 @@ async def test_a_child_that_cannot_start_leaves_the_gateway_serving_503s(
         readiness = await ready.json()
 
     assert status == 503
-    assert "'local'" in body["error"]["message"] and "exited with code 3" in body["error"]["message"]
+    message = body["error"]["message"]
+    assert "'local'" in message and "exited with code 3" in message
     assert ready.status == 503 and "exited with code 3" in readiness["backends"]["local"]
