@@ -18,6 +18,7 @@ from gateway.limits.http import install as install_limits
 from gateway.live_policy import LivePolicy
 from gateway.pipeline import Pipeline
 from gateway.policy_admin import install_policy_admin
+from gateway.queueing.http import install as install_queues
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
@@ -57,6 +58,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
+    install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_supervised_backends)

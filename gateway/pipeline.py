@@ -19,6 +19,7 @@ Observers are told `request_started`, `attempt_finished` after each try and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ from gateway.errors import (
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
+from gateway.queueing.slot_hook import BackendSaturated
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
 from gateway.upstream.pool import UpstreamPool
@@ -169,6 +171,7 @@ class Pipeline:
     async def forward(self, ctx: RequestContext) -> web.StreamResponse:
         failures: list[UpstreamFailure] = []
         unavailable: list[str] = []
+        saturated: list[BackendSaturated] = []  # refused by a full queue, at no cost
         tried = 0
         for target in ctx.candidates:
             if tried >= self.hooks.max_attempts:
@@ -184,7 +187,16 @@ class Pipeline:
             attempt = Attempt(target=target)
             ctx.attempts.append(attempt)
             slot = self.hooks.queue.slot(ctx, target)
-            async with ctx.telemetry.queued(target.backend_name, slot):
+            async with contextlib.AsyncExitStack() as held:
+                try:
+                    await held.enter_async_context(
+                        ctx.telemetry.queued(target.backend_name, slot))
+                except BackendSaturated as refused:  # nothing sent yet: spill to the next
+                    ctx.attempts.pop()
+                    tried -= 1
+                    saturated.append(refused)
+                    unavailable.append(refused.message)
+                    continue
                 ctx.target = target
                 # starts the upstream clock and span; injects this attempt's traceparent
                 traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
@@ -207,6 +219,8 @@ class Pipeline:
             traced.end()
             self._attempt_finished(ctx, attempt)
             return result
+        if saturated and not failures:  # shed: 503 with the soonest Retry-After
+            raise BackendSaturated.for_all(ctx.model, saturated, unavailable)
         raise self.exhausted(ctx, failures, unavailable)
 
     def _attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:

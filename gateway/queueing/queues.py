@@ -100,6 +100,15 @@ class BackendQueues:
         queue = self._queues.get(key)
         return 0.0 if queue is None else queue.predicted_wait_s(priority)
 
+    def waiting(self, key: str) -> int:
+        """Requests waiting for `key` now (cheap: for routing's live statistics)."""
+        queue = self._queues.get(key)
+        return 0 if queue is None else queue.waiting
+
+    def in_flight(self, key: str) -> int:
+        queue = self._queues.get(key)
+        return 0 if queue is None else queue.in_flight
+
     def snapshot(self, key: str) -> QueueSnapshot:
         queue = self._queue(key)
         return QueueSnapshot(

@@ -1,0 +1,93 @@
+"""The queue as the pipeline's `hooks.queue`: one slot per attempt, errors it can act on.
+
+For each candidate the pipeline enters `slot(ctx, target)` before the upstream call
+and leaves it when the response (the whole stream) has been relayed:
+
+- a request refused at the door (queue full, shed, or a predicted wait beyond
+  its budget) raises `BackendSaturated`: the pipeline moves on to the next
+  candidate at no cost, and when none is left answers 503 with `Retry-After`;
+- a request whose deadline passes while it waits raises `DeadlinePassed` (504);
+- a client that disconnects cancels the wait and leaves the queue at once.
+
+The request's deadline is its arrival plus its TTFT budget (the route's
+`latency_budget.ttft_ms`, tightened by the `x-routegate-ttft-budget-ms` header);
+its priority is its tenant's (`tenants.<name>.priority`, else `defaults.priority`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from time import perf_counter
+
+from gateway.context import RequestContext
+from gateway.errors import DeadlinePassed, NoBackendAvailable
+from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
+from gateway.queueing.fair_share import Priority
+from gateway.queueing.queues import BackendQueues
+from policies.load import ModelTarget
+from routing.features import TTFT_BUDGET_HEADER, FeatureError, tightened
+
+QUEUE_STATE = "queue"  # ctx.state key: the held `Ticket` (key, priority, waited_s)
+
+
+class BackendSaturated(NoBackendAvailable):
+    """A backend's queue refused the request before anything was sent; try elsewhere."""
+
+    code = "backend_overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def for_all(cls, model: str, refusals: Sequence[BackendSaturated],
+                reasons: Sequence[str]) -> BackendSaturated:
+        """Every candidate refused: shed now, and say when the first may have room."""
+        return cls(f"No backend can take '{model}' now: " + "; ".join(reasons) + ".",
+                   retry_after_s=min(refusal.retry_after_s for refusal in refusals))
+
+
+class QueueSlotHook:
+    def __init__(self, queues: BackendQueues) -> None:
+        self.queues = queues
+
+    @contextlib.asynccontextmanager
+    async def slot(self, ctx: RequestContext, target: ModelTarget) -> AsyncIterator[None]:
+        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+        try:
+            ticket = await self.queues.acquire(
+                self.queues.queue_key(target), tenant=tenant,
+                priority=priority_of(ctx, tenant), deadline=self.deadline(ctx))
+        except QueueRejected as exc:
+            raise BackendSaturated(f"{target.key} is saturated ({exc})",
+                                   retry_after_s=exc.retry_after_s) from exc
+        except QueueDeadlinePassed as exc:
+            raise DeadlinePassed(
+                f"The request's time-to-first-token budget ran out after it waited "
+                f"{exc.waited_s:.2f} s in the queue for backend '{target.backend_name}'."
+            ) from exc
+        ctx.timing.add_wait("queue", ticket.waited_s)
+        ctx.state[QUEUE_STATE] = ticket
+        try:
+            yield
+        finally:
+            ticket.release()
+
+    def deadline(self, ctx: RequestContext) -> float | None:
+        """Arrival + TTFT budget, on the queue's clock; None when the request has no budget."""
+        route = ctx.policy.routes.get(ctx.model)
+        budget_ms = route.latency_budget.ttft_ms if route is not None else None
+        # A malformed header is routing's to report (400); the queue keeps the route's budget.
+        with contextlib.suppress(FeatureError):
+            budget_ms = tightened(budget_ms, ctx.request.headers.get(TTFT_BUDGET_HEADER),
+                                  TTFT_BUDGET_HEADER)
+        if budget_ms is None:
+            return None
+        age_s = perf_counter() - ctx.timing.start
+        return self.queues.clock.now() - age_s + budget_ms / 1000.0
+
+
+def priority_of(ctx: RequestContext, tenant: str) -> Priority:
+    spec = ctx.policy.file.tenants.get(tenant)
+    return spec.priority if spec is not None else ctx.policy.file.defaults.priority
