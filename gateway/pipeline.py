@@ -293,6 +293,7 @@ class Pipeline:
                 else:
                     finished = True
                 ctx.usage = relay.usage
+                ctx.telemetry.final_chunk(relay.usage_chunk)
                 ctx.timing.upstream_finished()
                 tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
                 await client.write(tail + DONE_EVENT if relay.done else tail)

@@ -20,11 +20,14 @@ _NULL_USAGE = (b'"usage":null', b'"usage": null')
 
 
 class SseRelay:
-    __slots__ = ("_pending", "content_events", "done", "strip_usage_chunk", "usage")
+    __slots__ = ("_pending", "content_events", "done", "strip_usage_chunk", "usage",
+                 "usage_chunk")
 
     def __init__(self, *, strip_usage_chunk: bool) -> None:
         self.strip_usage_chunk = strip_usage_chunk
         self.usage: dict[str, Any] | None = None
+        # the whole chunk that carried usage: a backend's timings (`metrics`) ride on it
+        self.usage_chunk: dict[str, Any] | None = None
         self.done = False  # `data: [DONE]` seen (and withheld)
         self._pending = b""
         # chunks with a non-empty content/text delta: what a stream cut short produced
@@ -68,7 +71,7 @@ class SseRelay:
             except orjson.JSONDecodeError:
                 return True
             if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
-                self.usage = chunk["usage"]
+                self.usage, self.usage_chunk = chunk["usage"], chunk
                 if self.strip_usage_chunk and not chunk.get("choices"):
                     return False
         return True
