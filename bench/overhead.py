@@ -9,6 +9,8 @@ for each of direct / bare proxy / routegate:
   streaming time to first byte (first SSE event) at concurrency 1
   CPU time per request of the process under test (robust to other load on the machine)
   peak RSS of each proxy process
+"rg core" is routegate with routing.decide, rate limits and queues swapped for the
+pipeline's defaults (auth, parsing, telemetry and the relay stay): what those cost.
 
 The proxies are pinned to core 0 with `taskset` when available; the upstream and this
 load generator (a minimal keep-alive HTTP/1.1 client, cheaper than aiohttp's) run on
@@ -100,6 +102,31 @@ def run_bare_proxy(port: int, upstream: str) -> None:
     app.cleanup_ctx.append(session_ctx)
     app.router.add_post("/v1/chat/completions", chat)
     _run_app(app, port)
+
+
+def run_gateway_core(port: int, policy_path: str) -> None:
+    """routegate with the routing decision, rate limits and queues swapped for the
+    pipeline's defaults (route targets in order, no admission, no queue): what those
+    plug-ins cost. Auth, parsing, the relay and telemetry stay."""
+    # bench/ is on sys.path as this script's folder, and bench/routing.py would shadow
+    # the `routing` package.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or ".").resolve() != here]
+    import uvloop
+
+    from gateway.app import HOOKS, create_app
+    from gateway.hooks import Hooks
+    from gateway.serve import serve
+    from gateway.settings import Settings
+    from policies.load import load
+
+    settings = Settings(port=port, policy_path=Path(policy_path))
+    app = create_app(load(policy_path), settings)
+    hooks, defaults = app[HOOKS], Hooks()
+    hooks.admission, hooks.queue, hooks.router = defaults.admission, defaults.queue, \
+        defaults.router
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(app, settings))
 
 
 def _run_app(app: object, port: int) -> None:
@@ -264,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
-    parser.add_argument("role", nargs="?", choices=["upstream", "bare-proxy"])
+    parser.add_argument("role", nargs="?", choices=["upstream", "bare-proxy", "gateway-core"])
+    parser.add_argument("--policy")
     parser.add_argument("--port", type=int)
     parser.add_argument("--upstream")
     args = parser.parse_args(argv)
@@ -273,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "bare-proxy":
         run_bare_proxy(args.port, args.upstream)
+        return 0
+    if args.role == "gateway-core":
+        run_gateway_core(args.port, args.policy)
         return 0
 
     scale = 0.2 if args.quick else 1.0
@@ -299,11 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                    others)
         upstream = f"http://127.0.0.1:{upstream_port}/v1"
         policy_path.write_text(routegate_policy(upstream))
-        bare_port, gateway_port = free_port(), free_port()
+        bare_port, gateway_port, core_port = free_port(), free_port(), free_port()
         bare = start([python, __file__, "bare-proxy", "--port", str(bare_port), "--upstream",
                       upstream], bare_port, "0")
         gateway = start([python, "-m", "gateway", "serve", "--policy", str(policy_path),
                          "--port", str(gateway_port)], gateway_port, "0")
+        core = start([python, __file__, "gateway-core", "--port", str(core_port), "--policy",
+                      str(policy_path)], core_port, "0")
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})  # the load generator
         # Both proxies idle on core 0 while the other is measured; the rounds interleave so
@@ -316,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
                                                   False)),
                 "routegate": asyncio.run(measure(gateway_port, gateway.pid, counts,
                                                  stream_count, True)),
+                "rg core": asyncio.run(measure(core_port, core.pid, counts, stream_count,
+                                               True)),
             })
         rss["bare proxy"], rss["routegate"] = peak_rss_mb(bare.pid), peak_rss_mb(gateway.pid)
+        rss["rg core"] = peak_rss_mb(core.pid)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -339,11 +375,12 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
         return statistics.median(values)
 
     print(f"\nmedian of {len(rounds)} interleaved rounds")
-    print(f"{'':36}" + "".join(f"{name:>12}" for name in names) + f"{'rg / bare':>11}")
+    print(f"{'':36}" + "".join(f"{name:>12}" for name in names)
+          + f"{'rg / bare':>11}{'core / bare':>12}")
 
     def row(label: str, values: list[float], fmt: str) -> None:
         print(f"{label:36}" + "".join(fmt.format(v) for v in values)
-              + f"{values[2] / values[1]:>11.2f}")
+              + f"{values[2] / values[1]:>11.2f}{values[3] / values[1]:>12.2f}")
 
     for c in (1, 16, 64):
         row(f"throughput req/s, concurrency {c}", [metric(n, f"c{c}") for n in names],
@@ -360,7 +397,8 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
             [metric(n, "stream", q, True) for n in names], "{:>12.3f}")
     print(f"{'peak RSS MB':36}{'':>12}" + "".join(f"{rss[n]:>12.1f}" for n in names[1:]))
 
-    print(f"\n{'added over direct (ms)':36}{'bare proxy':>12}{'routegate':>12}{'rg - bare':>11}")
+    print(f"\n{'added over direct (ms)':36}{'bare proxy':>12}{'routegate':>12}{'rg core':>12}"
+          f"{'rg - bare':>11}{'core - bare':>12}")
     for label, key, q, first in (("p50 latency, concurrency 1", "c1", 0.5, False),
                                  ("p99 latency, concurrency 1", "c1", 0.99, False),
                                  ("p50 stream first byte, conc. 1", "stream", 0.5, True),
@@ -368,7 +406,9 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
         direct = metric("direct", key, q, first)
         bare = metric("bare proxy", key, q, first) - direct
         gateway = metric("routegate", key, q, first) - direct
-        print(f"{label:36}{bare:>12.3f}{gateway:>12.3f}{gateway - bare:>11.3f}")
+        core = metric("rg core", key, q, first) - direct
+        print(f"{label:36}{bare:>12.3f}{gateway:>12.3f}{core:>12.3f}{gateway - bare:>11.3f}"
+              f"{core - bare:>12.3f}")
 
 
 if __name__ == "__main__":
