@@ -13,6 +13,9 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.settings import Settings, default_policy_path
+from gateway.telemetry.install import configure_access_log
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.tracing import TracingConfigError
 from policies.load import PolicyError, load
 
 log = logging.getLogger("routegate.serve")
@@ -34,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_access_log()  # one bare JSON line per request on stdout
     path = args.policy or Path(os.environ.get("ROUTEGATE_POLICY") or default_policy_path())
     try:
         policy = load(path)
@@ -50,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     settings = Settings(host=args.host, port=args.port, policy_path=path,
                         shadow_policy_path=args.shadow_policy)
+    try:  # OTEL_* (trace export; none configured = none), PROMETHEUS_MULTIPROC_DIR
+        telemetry = Telemetry.from_env(os.environ)
+    except TracingConfigError as exc:
+        log.error("%s", exc)
+        return 2
     try:
         import uvloop
     except ImportError:
@@ -57,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(create_app(policy, settings), settings))
+        return runner.run(serve(create_app(policy, settings, telemetry=telemetry), settings))
 
 
 async def serve(app: web.Application, settings: Settings) -> int:
