@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from local_backend.model.config import LlamaConfig
-from local_backend.model.llama import LlamaForCausalLM
+from local_backend.model.llama import checkpoint_layout
 
 # Bump when the layout below changes so a stale cache is not reused.
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
@@ -77,15 +77,12 @@ def write_checkpoint(
     """Random-initialised weights saved in HF layout; several shards on request."""
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig.from_dict(config))
     state: dict[str, torch.Tensor] = {}
-    for name, param in model.state_dict().items():
-        if name == "lm_head.weight" and config.get("tie_word_embeddings"):
-            continue
+    for name, shape in checkpoint_layout(LlamaConfig.from_dict(config)).items():
         if name.endswith("norm.weight"):
-            state[name] = torch.ones(param.shape)
+            state[name] = torch.ones(shape)
         else:
-            state[name] = torch.randn(param.shape, generator=generator) * std
+            state[name] = torch.randn(shape, generator=generator) * std
     names = list(state)
     if shards == 1:
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})

@@ -18,6 +18,45 @@ from torch import nn
 
 from local_backend.model.config import LlamaConfig
 
+# Module tensors that pack several checkpoint tensors, concatenated along dim 0 in this order.
+PACKED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def checkpoint_layout(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a Hugging Face checkpoint for `config` (lm_head if untied)."""
+    c = config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layout: dict[str, tuple[int, ...]] = {}
+    layout["model.embed_tokens.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            layout[p + f"self_attn.{name}.weight"] = (rows, c.hidden_size)
+            if c.attention_bias:
+                layout[p + f"self_attn.{name}.bias"] = (rows,)
+        layout[p + "self_attn.o_proj.weight"] = (c.hidden_size, q)
+        layout[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        layout[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        layout[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+        layout[p + "input_layernorm.weight"] = (c.hidden_size,)
+        layout[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+    layout["model.norm.weight"] = (c.hidden_size,)
+    if not c.tie_word_embeddings:
+        layout["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    return layout
+
+
+def module_name(checkpoint_name: str) -> tuple[str, int]:
+    """The module tensor a checkpoint tensor goes into, and its position in a packed tensor."""
+    for packed, parts in PACKED.items():
+        for index, part in enumerate(parts):
+            if f".{part}." in checkpoint_name:
+                return checkpoint_name.replace(part, packed), index
+    return checkpoint_name, 0
+
 
 class Attention(Protocol):
     def __call__(
@@ -77,21 +116,20 @@ class LlamaAttention(nn.Module):
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        bias = config.attention_bias
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        # q, k and v in one matmul (the checkpoint's three tensors are concatenated at load).
+        out_features = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(hidden, out_features, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv_proj(x).view(tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        rotated = apply_rope(qkv[:, : self.heads + self.kv_heads], cos, sin)  # q and k at once
+        q, k = rotated[:, : self.heads], rotated[:, self.heads :]
+        v = qkv[:, self.heads + self.kv_heads :]
         out = attn(self.layer, q, k, v)
         return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
 
@@ -99,12 +137,13 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(F.silu(gate_up[:, : self.size]) * gate_up[:, self.size :])
 
 
 class LlamaDecoderLayer(nn.Module):

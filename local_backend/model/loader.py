@@ -11,7 +11,12 @@ import torch
 from safetensors import safe_open
 
 from local_backend.model.config import LlamaConfig, ModelLoadError
-from local_backend.model.llama import LlamaForCausalLM, rope_inv_freq
+from local_backend.model.llama import (
+    LlamaForCausalLM,
+    checkpoint_layout,
+    module_name,
+    rope_inv_freq,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -39,13 +44,13 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 class _Progress:
-    """A one-line text progress bar on stderr (no dependency, quiet when not a terminal)."""
+    """A one-line text progress bar (no dependency); silent without a stream."""
 
     def __init__(self, total: int, stream: TextIO | None) -> None:
         self.total, self.done, self.stream = max(total, 1), 0, stream
 
-    def advance(self, n: int = 1) -> None:
-        self.done += n
+    def advance(self) -> None:
+        self.done += 1
         if self.stream is None:
             return
         width = 30
@@ -70,36 +75,40 @@ def load_model(
         raise ModelLoadError(f"{directory}: model directory does not exist")
     config = LlamaConfig.from_file(directory / "config.json")
     files = weight_files(directory)
+    layout = checkpoint_layout(config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    expected = dict(model.state_dict())
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
+    # Packed module tensors (qkv, gate_up) fill up part by part, whatever the shard order.
+    parts: dict[str, dict[int, torch.Tensor]] = {}
     state: dict[str, torch.Tensor] = {}
-    bar = _Progress(len(expected), progress)
+    seen: set[str] = set()
+    bar = _Progress(len(layout), progress)
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if name not in expected:
-                    if name.endswith("rotary_emb.inv_freq") or (
-                        name == "lm_head.weight" and config.tie_word_embeddings
-                    ):
-                        continue
+                if name not in layout:
+                    if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
+                        continue  # a cached buffer, or a tied head written out anyway
                     raise ModelLoadError(f"{path.name}: unexpected tensor {name!r}")
                 tensor = handle.get_tensor(name)
-                if tuple(tensor.shape) != tuple(expected[name].shape):
+                if tuple(tensor.shape) != layout[name]:
                     raise ModelLoadError(
                         f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                        f"config.json implies {tuple(expected[name].shape)}"
+                        f"config.json implies {layout[name]}"
                     )
-                state[name] = tensor.to(device=device, dtype=dtype)
+                seen.add(name)
+                target, index = module_name(name)
+                parts.setdefault(target, {})[index] = tensor.to(device=device, dtype=dtype)
                 bar.advance()
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(layout) - seen)
     if missing:
         raise ModelLoadError(f"{directory}: tensors missing from the checkpoint: {missing[:5]}")
+    for target, pieces in parts.items():
+        ordered = [pieces[i] for i in sorted(pieces)]
+        state[target] = ordered[0] if len(ordered) == 1 else torch.cat(ordered, dim=0)
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # Buffers are not in the checkpoint; rebuild them on the real device.
+    # Buffers are not in the checkpoint; build them on the real device.
     model.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
     return model.eval()

@@ -57,7 +57,7 @@ def test_demo_model_serves_health_and_chat(tmp_path: Path) -> None:
             body = json.loads(resp.read())
             assert "inference;dur=" in resp.headers["Server-Timing"]
         assert body["model"] == "demo" and body["usage"]["completion_tokens"] >= 1
-        assert (tmp_path / "demo-model-v1" / "config.json").is_file()
+        assert (tmp_path / "demo-model-v2" / "config.json").is_file()
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -53,7 +53,7 @@ def test_qwen2_checkpoint_uses_qkv_bias(tmp_path: Path) -> None:
     config = {**TINY, "model_type": "qwen2", "tie_word_embeddings": True}
     directory = make_checkpoint(tmp_path, config)
     model = load_model(directory, progress=None)
-    assert model.state_dict()["model.layers.0.self_attn.q_proj.bias"] is not None
+    assert model.state_dict()["model.layers.0.self_attn.qkv_proj.bias"] is not None
     check_matches_reference(directory, config)
 
 
