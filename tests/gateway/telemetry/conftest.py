@@ -1,10 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
+from gateway.app import create_app
+from gateway.settings import Settings
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.tracing import tracer_provider_from_env
+from tests.conftest import RunningGateway, as_policy
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
+
+ACCESS_LOGGER = "test.routegate.access"
 
 
 @pytest.fixture
@@ -14,3 +28,45 @@ async def otlp_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
     runner, url = await start_http(receiver)
     yield receiver, url
     await runner.cleanup()
+
+
+@dataclass
+class Traced:
+    gateway: RunningGateway
+    telemetry: Telemetry
+    provider: TracerProvider | None
+
+    async def flush(self) -> None:
+        # The exporter blocks its thread on the receiver, which runs on this loop.
+        if self.provider is not None:
+            await asyncio.to_thread(self.provider.force_flush)
+
+
+StartTraced = Callable[..., Awaitable[Traced]]
+
+
+@pytest.fixture
+async def start_traced() -> AsyncIterator[StartTraced]:
+    """`await start_traced(policy, otlp_url=None)`: the real app with its own telemetry
+    (exporting over OTLP/HTTP to `otlp_url` when given; access log to ACCESS_LOGGER)."""
+    runners: list[web.AppRunner] = []
+
+    async def start(policy: Any, otlp_url: str | None = None) -> Traced:
+        provider = None
+        if otlp_url:
+            provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
+                                                 "OTEL_BSP_SCHEDULE_DELAY": "50"})
+        telemetry = Telemetry(provider=provider,
+                              access_log=AccessLog(logging.getLogger(ACCESS_LOGGER)))
+        app = create_app(as_policy(policy), Settings(port=0), telemetry=telemetry)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return Traced(RunningGateway(app=app, url=f"http://127.0.0.1:{port}"), telemetry,
+                      provider)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
