@@ -19,6 +19,7 @@ from gateway.live_policy import LivePolicy
 from gateway.pipeline import Pipeline
 from gateway.policy_admin import install_policy_admin
 from gateway.queueing.http import install as install_queues
+from gateway.routing_hook import install as install_routing
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
@@ -58,6 +59,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
+    install_routing(app, hooks)  # routing.decide as hooks.router; stats; x-routegate-* headers
     install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)

@@ -50,7 +50,7 @@ class Candidate(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    status: int  # 403 the policy forbids it, 503 nothing can serve it
+    status: int  # 403 the policy forbids it, 429 budget spent, 503 nothing can serve it
     code: str
     message: str  # names categories and reasons, never request content
 
@@ -157,6 +157,7 @@ class Router:
         excluded = list(static_excluded)
         fitting: list[Candidate] = []
         missing: list[Candidate] = []
+        unaffordable: list[Candidate] = []  # more than the tenant's budget has left
         inputs, outputs = features.input_tokens, features.output_tokens
         ttft_budget, total_budget = features.ttft_budget_ms, features.total_budget_ms
         budget_left = features.tenant_budget_left_micro_usd
@@ -188,18 +189,28 @@ class Router:
             else:  # inlined: the common shared-API case, per candidate
                 cost = round(inputs * model.input_micro_usd_per_token
                              + outputs * model.output_micro_usd_per_token)
-            if budget_left is not None and cost > budget_left:
-                excluded.append(Excluded(
-                    model.key, REASON_TENANT_BUDGET,
-                    f"predicted cost {cost} µUSD exceeds the {max(budget_left, 0)} µUSD left"))
-                continue
             within = ((ttft_budget is None or ttft <= ttft_budget)
                       and (total_budget is None or total <= total_budget))
             # tuple.__new__ skips NamedTuple's Python-level __new__: a third of the
             # per-candidate cost with 100 candidates.
             candidate = _new_tuple(Candidate, (model.key, model.target, ttft, total, cost,
                                                within, queue, explained))
-            (fitting if within else missing).append(candidate)
+            if budget_left is not None and cost > budget_left:
+                unaffordable.append(candidate)
+            else:
+                (fitting if within else missing).append(candidate)
+
+        if unaffordable:
+            if budget_left is not None and budget_left > 0 and not fitting and not missing:
+                # Budgets are post-paid (the limiter refuses once they are spent): while
+                # some is left, a request nothing can cover in full still runs.
+                fitting = [c for c in unaffordable if c.within_budget]
+                missing = [c for c in unaffordable if not c.within_budget]
+            else:
+                excluded.extend(Excluded(
+                    c.key, REASON_TENANT_BUDGET,
+                    f"predicted cost {c.cost_micro_usd} µUSD exceeds the "
+                    f"{max(budget_left or 0, 0)} µUSD left") for c in unaffordable)
 
         redact = features.pii if self._pii.action == "redact" else frozenset()
         budget_missed = False
@@ -251,6 +262,8 @@ def _over_budget(missing: list[Candidate], features: RequestFeatures) -> list[Ex
 
 def _nothing_fits(excluded: Sequence[Excluded], budget_only: bool) -> Rejection:
     reasons = "; ".join(f"{e.key}: {e.reason} ({e.detail})" for e in excluded)
+    if excluded and all(e.reason == REASON_TENANT_BUDGET for e in excluded):
+        return Rejection(429, "budget_exceeded", f"the tenant's budget is spent: {reasons}")
     if budget_only:
         return Rejection(503, "latency_budget_unmeetable",
                          f"no backend can meet the latency budget: {reasons}")

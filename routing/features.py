@@ -82,9 +82,11 @@ def route_for(policy: Policy, route_name: str) -> Route:
 def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: Policy,
                    tenant: str, *, tokens: TokenCounter, pii: PiiScanner | None = None,
                    stats: StatsSnapshot | None = None,
-                   tenant_budget_left_micro_usd: int | None = None) -> RequestFeatures:
+                   tenant_budget_left_micro_usd: int | None = None,
+                   input_tokens: int | None = None) -> RequestFeatures:
     """Features of a parsed OpenAI request body. `headers` must look names up
-    case-insensitively (aiohttp's `CIMultiDict` does)."""
+    case-insensitively (aiohttp's `CIMultiDict` does). `input_tokens`: a count already
+    made for this body (the rate limiter's), so it is not made twice."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise FeatureError("`model` is required", param="model")
@@ -102,7 +104,7 @@ def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: 
         tenant=tenant,
         tenant_tags=tags,
         priority=priority,
-        input_tokens=tokens.count_request(body),
+        input_tokens=tokens.count_request(body) if input_tokens is None else input_tokens,
         output_tokens=output_tokens,
         output_tokens_source=source,
         stream=body.get("stream") is True,

@@ -90,6 +90,18 @@ def test_tenant_budget_excludes_what_it_cannot_pay_for() -> None:
     assert reasons(decision) == {"anthropic/haiku": "tenant_budget_exhausted"}
 
 
+def test_a_budget_with_something_left_still_runs_a_request_nothing_covers_in_full() -> None:
+    # Budgets are post-paid: the limiter refuses once one is spent, not before.
+    decision = ROUTER.decide(replace(REQUEST, tenant_budget_left_micro_usd=1), EMPTY, 0.0)
+    assert len(decision.candidates) == 3 and decision.excluded == ()
+
+
+def test_a_spent_budget_is_a_429() -> None:
+    decision = ROUTER.decide(replace(REQUEST, tenant_budget_left_micro_usd=0), EMPTY, 0.0)
+    assert decision.rejection is not None
+    assert (decision.rejection.status, decision.rejection.code) == (429, "budget_exceeded")
+
+
 def test_a_busy_dedicated_backend_over_budget_is_excluded_for_latency() -> None:
     stats = LiveStats()
     for _ in range(8):  # 4 slots, 8 in flight: 5 requests ahead

@@ -151,10 +151,14 @@ def check(policy: Policy, decision: RouteDecision, request: RequestFeatures) -> 
                 region = candidate.target.backend.region
                 assert region is not None
                 assert any(fnmatchcase(region, pattern) for pattern in rule.require.regions)
-    # The tenant's remaining budget is never knowingly overspent.
-    if request.tenant_budget_left_micro_usd is not None:
-        assert all(c.cost_micro_usd <= request.tenant_budget_left_micro_usd
-                   for c in decision.candidates)
+    # The tenant's remaining budget is not overspent where an affordable target exists,
+    # and a spent budget gets nothing.
+    left = request.tenant_budget_left_micro_usd
+    if left is not None and decision.candidates:
+        if decision.candidates[0].cost_micro_usd > left:
+            assert left > 0
+            assert all(c.cost_micro_usd > left for c in decision.candidates)
+            assert not any(e.reason == "tenant_budget_exhausted" for e in decision.excluded)
 
 
 @settings(max_examples=POLICIES, deadline=None, database=None,

@@ -1,0 +1,232 @@
+"""Routing in the pipeline: `hooks.router` from `routing.decide`, and the stats it learns from.
+
+    route step      features (tokens, PII, budget) → Router.decide → ordered candidates;
+                    a rejection becomes the client's error (403 / 503 naming why);
+                    PII under `redact` is replaced in the body before it goes upstream
+    each attempt    the target's in-flight count (waiting in the gateway's queue or
+                    running), so predictions see the load this process puts on it
+    after attempt   TTFT, decode rate and errors into `LiveStats`; the prediction error
+                    on `ctx.state[PREDICTION_ERROR_STATE]` for the telemetry metric
+    every response  `x-routegate-route` (the backend/model that answered or was tried
+                    last) and `x-routegate-decision` (the decision id)
+
+A `Router` is compiled once per policy; a reload builds the next one on the first
+request that runs under the new policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from gateway.context import Attempt, RequestContext
+from gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    ModelNotFound,
+    NoBackendAvailable,
+    RateLimited,
+)
+from gateway.hooks import Hooks, QueueSlots
+from gateway.limits.admission import BUDGET_LEFT_STATE, INPUT_TOKENS_STATE, PRICE_STATE
+from policies.load import ModelTarget, Policy
+from routing.decide import Candidate, Rejection, RouteDecision, Router
+from routing.features import FeatureError, build_features
+from routing.pii import PiiScanner
+from routing.stats import LiveStats
+from routing.tokens import TokenCounter
+
+ROUTE_HEADER = "x-routegate-route"
+DECISION_HEADER = "x-routegate-decision"
+PREDICTION_ERROR_STATE = "routing.prediction_error"  # routing.stats.PredictionError
+_ATTEMPT_STARTED_STATE = "routing.attempt_started_s"  # on the request's timing clock
+_CONTEXT_KEY = web.RequestKey("routegate.routing.ctx", RequestContext)
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    policy: Policy
+    router: Router
+    pii: PiiScanner
+
+
+class RoutingHook:
+    """`hooks.router`, an observer for stats, and the wrapper that counts in-flight."""
+
+    def __init__(self, stats: LiveStats | None = None,
+                 tokens: TokenCounter | None = None) -> None:
+        self.stats = stats or LiveStats()
+        self.tokens = tokens or TokenCounter()
+        self._compiled: _Compiled | None = None
+
+    def _for(self, policy: Policy) -> _Compiled:
+        compiled = self._compiled
+        if compiled is None or compiled.policy is not policy:
+            compiled = _Compiled(policy, Router(policy),
+                                 PiiScanner(policy.file.compliance.pii.detect))
+            self._compiled = compiled
+        return compiled
+
+    # -- hooks.router ----------------------------------------------------------
+
+    def __call__(self, ctx: RequestContext) -> Sequence[ModelTarget]:
+        compiled = self._for(ctx.policy)
+        tenant = ctx.identity.tenant if ctx.identity is not None else \
+            ctx.policy.file.auth.anonymous.tenant
+        stats = self.stats.snapshot()
+        ctx.request[_CONTEXT_KEY] = ctx
+        try:
+            features = build_features(
+                ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
+                pii=compiled.pii, stats=stats,
+                tenant_budget_left_micro_usd=ctx.state.get(BUDGET_LEFT_STATE),
+                input_tokens=ctx.state.get(INPUT_TOKENS_STATE))
+        except FeatureError as exc:
+            raise BadRequest(str(exc), param=exc.param) from exc
+        decision = compiled.router.decide(features, stats, asyncio.get_running_loop().time(),
+                                          decision_id=ctx.request_id)
+        ctx.decision = decision
+        if decision.rejection is not None:
+            raise _error(decision.rejection)
+        if decision.redact:
+            # The upstream gets the redacted body; the client's bytes never leave.
+            redacted, _ = compiled.pii.redact_body(ctx.body)
+            ctx.body, ctx.raw = redacted, orjson.dumps(redacted)
+        return [candidate.target for candidate in decision.candidates]
+
+    # -- hooks.queue wrapper: in-flight per target -------------------------------
+
+    def counting(self, inner: QueueSlots) -> QueueSlots:
+        return _CountingSlots(inner, self)
+
+    # -- observer ------------------------------------------------------------------
+
+    def request_started(self, ctx: RequestContext) -> None:
+        return None
+
+    def attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
+        decision = ctx.decision
+        if not isinstance(decision, RouteDecision):
+            return
+        key = attempt.target.key
+        now = asyncio.get_running_loop().time()
+        if attempt.error is not None:
+            self.stats.record_error(key, now)
+            return
+        started = ctx.state.get(_ATTEMPT_STARTED_STATE)
+        if started is None:
+            return
+        timing = ctx.timing
+        split = timing.split()
+        total_ms = (timing.clock() - started) * 1000.0
+        ttft_ms = network_ms = None
+        if split.ttft_ms is not None:  # a stream: first content token relayed
+            # The request's TTFT counts from its arrival; the backend's from the attempt.
+            ttft_ms = max(0.0, split.ttft_ms - (started - timing.start) * 1000.0)
+            # An SSE server sends its headers before prefill: a fair round trip.
+            network_ms = split.upstream_first_byte_ms
+        usage = ctx.usage or {}
+        output = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        output = output if isinstance(output, int) else 0
+        candidate = _candidate(decision, key)
+        error = self.stats.record_success(
+            key, network_ms=network_ms, ttft_ms=ttft_ms, total_ms=total_ms,
+            output_tokens=output,
+            explained_ttft_ms=candidate.explained_ttft_ms if candidate else None,
+            predicted_ttft_ms=candidate.ttft_ms if candidate and ttft_ms is not None else None,
+            predicted_total_ms=candidate.total_ms if candidate else None)
+        ctx.state[PREDICTION_ERROR_STATE] = error
+        if output:
+            self.stats.record_output_tokens(decision.route, output)
+
+    def request_finished(self, ctx: RequestContext) -> None:
+        return None
+
+
+class _CountingSlots:
+    """Counts an attempt against its target from the moment it queues for it until its
+    response is relayed, around whatever queue the app uses."""
+
+    def __init__(self, inner: QueueSlots, hook: RoutingHook) -> None:
+        self.inner = inner
+        self.hook = hook
+
+    def slot(self, ctx: RequestContext,
+             target: ModelTarget) -> AbstractAsyncContextManager[None]:
+        return self._slot(ctx, target)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, ctx: RequestContext, target: ModelTarget) -> AsyncIterator[None]:
+        stats = self.hook.stats
+        stats.request_started(target.key)
+        try:
+            async with self.inner.slot(ctx, target):
+                ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
+                candidate = _candidate(ctx.decision, target.key)
+                if candidate is not None and target.backend.deployment == "dedicated":
+                    tokens = ctx.decision.features.input_tokens + \
+                        ctx.decision.features.output_tokens
+                    # µUSD per token is USD per million tokens: what settlement charges.
+                    ctx.state[PRICE_STATE] = candidate.cost_micro_usd / max(tokens, 1)
+                else:
+                    ctx.state.pop(PRICE_STATE, None)
+                yield
+        finally:
+            stats.request_finished(target.key)
+
+
+def _candidate(decision: object, key: str) -> Candidate | None:
+    if isinstance(decision, RouteDecision):
+        for candidate in decision.candidates:
+            if candidate.key == key:
+                return candidate
+    return None
+
+
+def _error(rejection: Rejection) -> GatewayError:
+    if rejection.status == 403:
+        return Forbidden(rejection.message, code=rejection.code)
+    if rejection.status == 404:
+        return ModelNotFound(rejection.message, param="model")
+    if rejection.status == 429:
+        return RateLimited(rejection.message, code=rejection.code)
+    return NoBackendAvailable(rejection.message, code=rejection.code)
+
+
+async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
+    ctx = request.get(_CONTEXT_KEY)
+    if ctx is None:
+        return
+    decision = ctx.decision
+    if isinstance(decision, RouteDecision):
+        response.headers.setdefault(DECISION_HEADER, decision.decision_id)
+    if ctx.target is not None:
+        response.headers[ROUTE_HEADER] = ctx.target.key
+
+
+ROUTING = web.AppKey("routegate.routing", RoutingHook)
+
+
+def install(app: web.Application, hooks: Hooks,
+            hook: RoutingHook | None = None) -> RoutingHook:
+    """Plug routing into the pipeline. The in-flight counter wraps `hooks.queue` at
+    start-up, so it wraps whichever queue was installed, in any order."""
+    hook = hook or RoutingHook()
+    hooks.router = hook
+    hooks.observers.append(hook)
+    app[ROUTING] = hook
+    app.on_response_prepare.append(_add_headers)
+
+    async def wrap_queue(_: web.Application) -> None:
+        hooks.queue = hook.counting(hooks.queue)
+
+    app.on_startup.append(wrap_queue)
+    return hook
+
