@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     scale = 0.2 if args.quick else 1.0
-    counts = {1: int(1000 * scale), 16: int(3000 * scale), 64: int(4000 * scale)}
-    stream_count = int(800 * scale)
+    counts = {1: int(600 * scale), 16: int(2000 * scale), 64: int(2560 * scale)}
+    stream_count = int(500 * scale)
     others = "1" if (os.cpu_count() or 1) == 2 else f"1-{(os.cpu_count() or 2) - 1}"
     python = sys.executable
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
