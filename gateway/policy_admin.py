@@ -20,8 +20,10 @@ from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
 from gateway.policy_shadow import ShadowPolicy
 from gateway.policy_watch import PolicyReloader, ReloadResult, reload_context
+from gateway.routing_hook import ROUTING
 from gateway.settings import Settings
 from policies.load import load
+from routing.stats import StatsSnapshot
 from routing.tokens import TokenCounter
 
 LIVE = web.AppKey("routegate.policy_admin.live", LivePolicy)
@@ -55,7 +57,11 @@ def install_policy_admin(app: web.Application, live: LivePolicy, hooks: Hooks,
         app[RELOADER] = reloader
         app.cleanup_ctx.append(reload_context(reloader, watch=settings.watch_policy))
     if settings.shadow_policy_path is not None:
-        shadow = ShadowPolicy(load(settings.shadow_policy_path), tokens=TokenCounter(),
+        routing = app.get(ROUTING)
+        # Same token counter and the same live statistics as the live decision.
+        shadow = ShadowPolicy(load(settings.shadow_policy_path),
+                              tokens=routing.tokens if routing else TokenCounter(),
+                              stats=routing.stats.snapshot if routing else StatsSnapshot,
                               registry=metrics.registry)
         app[SHADOW] = shadow
         hooks.observers.append(shadow)

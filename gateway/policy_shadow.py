@@ -10,6 +10,7 @@ and the latest ones kept, without any request content, for `/admin/policy/shadow
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -61,12 +62,14 @@ class ShadowPolicy:
     def __init__(self, policy: Policy, *, tokens: TokenCounter,
                  registry: CollectorRegistry | None = None,
                  stats: Callable[[], StatsSnapshot] = StatsSnapshot,
-                 clock: Callable[[], float] = time.time, sample_size: int = SAMPLE_SIZE) -> None:
+                 clock: Callable[[], float] | None = None,
+                 sample_size: int = SAMPLE_SIZE) -> None:
         self.policy = policy
         self._router = Router(policy)
         self._tokens = tokens
         self._stats = stats
-        self._clock = clock
+        # The live router's clock (the event loop's), so both read the same stats alike.
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self._scanner = PiiScanner(policy.file.compliance.pii.detect)
         self._live_router: Router | None = None
         self._live_scanner: PiiScanner | None = None
@@ -119,7 +122,7 @@ class ShadowPolicy:
             self.different += 1
             self.decisions.labels("different").inc()
             self.samples.append({
-                "at": now, "request_id": ctx.request_id, "route": live.route,
+                "at": time.time(), "request_id": ctx.request_id, "route": live.route,
                 "tenant": live.features.tenant, "live": _summary(live),
                 "shadow": _summary(shadow)})
         return live, shadow
