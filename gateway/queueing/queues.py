@@ -124,9 +124,6 @@ class BackendQueues:
     def snapshots(self) -> dict[str, QueueSnapshot]:
         return {key: self.snapshot(key) for key in self._queues}
 
-    def expire_overdue(self, now: float | None = None) -> int:
-        return sum(queue.expire_overdue(now) for queue in self._queues.values())
-
     def _queue(self, key: str) -> SlotQueue:
         queue = self._queues.get(key)
         if queue is None:

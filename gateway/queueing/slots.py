@@ -148,15 +148,6 @@ class SlotQueue:
         if not self._measured:
             self.mean_service_s = seconds
 
-    def expire_overdue(self, now: float | None = None) -> int:
-        """Fail every waiter whose deadline has passed; returns how many. (Timers do
-        this on their own; this is for a clock that jumps.)"""
-        now = self._clock.now() if now is None else now
-        overdue = [w for band in self._bands.values() for w in band if w.deadline <= now]
-        for waiter in overdue:
-            self._expire(waiter, now)
-        return len(overdue)
-
     # -- internals ----------------------------------------------------------------------
 
     def _has_free_slot(self) -> bool:

@@ -1,0 +1,74 @@
+"""Queue limits come from the policy and follow its reloads."""
+
+import pytest
+
+from gateway.queueing import BackendQueues
+from policies.load import Policy, loads
+from tests.gateway.queueing.harness import Harness, ManualClock, settle
+
+
+def policy(local_limit: int | None) -> Policy:
+    limit = f"max_concurrency: {local_limit}" if local_limit else ""
+    return loads(f"""
+version: 1
+backends:
+  local:
+    type: openai
+    url: http://127.0.0.1:9/v1
+    deployment: dedicated
+    {limit}
+    models:
+      demo: {{priors: {{network_ms: 10, ttft_ms: 90, decode_tokens_per_s: 64}}}}
+  shared:
+    type: openai
+    url: http://127.0.0.1:10/v1
+    models:
+      gpt: {{}}
+""", environ={})
+
+
+def test_backend_max_concurrency_becomes_its_queue_limit() -> None:
+    queues = BackendQueues.from_policy(policy(4))
+    assert queues.snapshot("local").limit == 4
+    assert queues.snapshot("shared").limit is None
+
+
+def test_prior_hold_time_comes_from_declared_latency_priors() -> None:
+    queues = BackendQueues.from_policy(policy(4))
+    # 10 ms network + 90 ms to first token + 256 tokens at 64 tokens/s
+    assert queues.snapshot("local").mean_service_s == pytest.approx(0.1 + 4.0)
+
+
+def test_a_target_waits_in_its_backends_queue() -> None:
+    loaded = policy(4)
+    queues = BackendQueues.from_policy(loaded)
+    assert queues.queue_key(loaded.targets["local/demo"]) == "local"
+
+
+def test_a_target_with_its_own_limit_waits_in_its_own_queue() -> None:
+    loaded = policy(4)
+    queues = BackendQueues.from_policy(loaded)
+    queues.set_limit("local/demo", 2)  # e.g. what that model's engine reports
+    assert queues.queue_key(loaded.targets["local/demo"]) == "local/demo"
+
+
+async def test_reloaded_policy_with_a_higher_limit_serves_waiters_at_once(
+        clock: ManualClock) -> None:
+    queues = BackendQueues(clock=clock)
+    queues.apply_policy(policy(1))
+    h = Harness(queues, "local")
+    await h.arrive_all("a", "b", "c")
+    assert h.granted == ["a"]
+    queues.apply_policy(policy(3))
+    await settle()
+    assert h.granted == ["a", "b", "c"]
+
+
+async def test_reloaded_policy_without_a_limit_stops_queueing(clock: ManualClock) -> None:
+    queues = BackendQueues(clock=clock)
+    queues.apply_policy(policy(1))
+    h = Harness(queues, "local")
+    await h.arrive_all("a", "b")
+    queues.apply_policy(policy(None))
+    await h.arrive_all("c")
+    assert h.granted == ["a", "b", "c"]
