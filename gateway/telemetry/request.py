@@ -56,7 +56,7 @@ class RequestTelemetry:
         self._telemetry = telemetry
         self.timings = timings if timings is not None else RequestTimings(clock=telemetry.clock)
         self.trace = RequestTrace(
-            telemetry.provider,
+            telemetry.tracer,
             name=f"{method} {path}",
             headers=headers,
             attributes={a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path,
@@ -164,7 +164,9 @@ class RequestTelemetry:
         })
         if span is not None and span.is_recording():
             span.set_attributes(attributes)
-        self.trace.set(attributes)
+        # The root repeats only the headline (each attribute costs the SDK a few µs).
+        self.trace.set({a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
+                        a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms})
         self.metrics.observe_decision(route, backend, reason)
 
     def decided(self, span: Span | None, model: str, candidates: Sequence[Any],

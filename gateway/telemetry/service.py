@@ -11,6 +11,7 @@ from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.live import LiveStats
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.request import RequestTelemetry
+from gateway.telemetry.spans import tracer_of
 from gateway.telemetry.timing import Clock, RequestTimings
 from gateway.telemetry.tracing import tracer_provider_from_env
 
@@ -29,6 +30,7 @@ class Telemetry:
     ) -> None:
         # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
         self.provider: TracerProvider = provider or NoOpTracerProvider()
+        self.tracer = tracer_of(self.provider)
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
         self.live = live or LiveStats()
