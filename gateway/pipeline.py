@@ -123,17 +123,16 @@ class Pipeline:
         limit = ctx.policy.file.server.max_body_bytes
         request = ctx.request
         length = request.content_length
-        too_large = PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
         if length is not None:
             if length > limit:
-                raise too_large
+                raise _too_large(limit)
             ctx.raw = await request.read()
             return
         chunks, size = [], 0
         while chunk := await request.content.readany():  # chunked: count as it arrives
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(chunk)
         ctx.raw = b"".join(chunks)
 
@@ -325,6 +324,10 @@ class Pipeline:
             return RateLimited(summary, headers=headers)
         error = last.error.__class__(summary)
         return error
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
 
 
 def _describe(failure: UpstreamFailure) -> str:
