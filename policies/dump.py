@@ -41,5 +41,6 @@ def dump(policy_file: PolicyFile, *, reveal_secrets: bool = False) -> str:
     """
     data = as_data(policy_file, reveal_secrets=reveal_secrets)
     ordered = {"version": data.pop("version"), **data}
-    text: str = yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True)
+    # Non-ASCII is escaped: line-break characters such as U+0085 must survive any parser.
+    text: str = yaml.safe_dump(ordered, sort_keys=False, allow_unicode=False)
     return text

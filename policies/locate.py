@@ -23,6 +23,9 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+)([^}\n]*))?
 # equal lengths keep every line and column where the author wrote it.
 _PLACEHOLDER = re.compile(r"\$~([0-9a-z]+)~*")
 _STR_TAG = "tag:yaml.org,2002:str"
+# LibYAML's parser when PyYAML was built with it (several times faster); same node marks.
+_COMPOSER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader)
 
 Segment = str | int
 
@@ -90,7 +93,7 @@ class LocatedDocument:
             return token.ljust(len(match.group(0)), "~")
 
         try:
-            root = yaml.compose(_ENV_REFERENCE.sub(hide, text), Loader=yaml.SafeLoader)
+            root = yaml.compose(_ENV_REFERENCE.sub(hide, text), Loader=_COMPOSER)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             problem = getattr(exc, "problem", None) or str(exc)
