@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import PolicyFile, dump, hash_key, loads
+from policies import PolicyFile, build, dump, hash_key, loads
 from policies.json_schema import SCHEMA_PATH, policy_json_schema
 
 NAMES = st.from_regex(r"[a-z][a-z0-9_\-]{0,8}", fullmatch=True)
@@ -99,8 +100,11 @@ def policy_files(draw: st.DrawFn) -> PolicyFile:
 @settings(max_examples=60, deadline=None)
 @given(policy_files())
 def test_dumped_policy_loads_back_equal(policy_file: PolicyFile) -> None:
-    policy = loads(dump(policy_file, reveal_secrets=True), environ={})
+    policy = loads(dump(policy_file, reveal_secrets=True), source="p.yaml", environ={})
     assert policy.file == policy_file
+    # The runtime policy too, apart from where warnings point (the dumped file has lines).
+    expected = build(policy_file, source="p.yaml", digest=policy.version_hash)
+    assert replace(policy, warnings=()) == replace(expected, warnings=())
 
 
 def test_dump_masks_secrets_unless_asked() -> None:
