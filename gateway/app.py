@@ -59,7 +59,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
-    install_routing(app, hooks)  # routing.decide as hooks.router; stats; x-routegate-* headers
+    # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
+    install_routing(app, hooks, live=live, pool=pool)
     install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from gateway.backend_load import install as install_load_poller
 from gateway.context import Attempt, RequestContext
 from gateway.errors import (
     BadRequest,
@@ -36,6 +37,8 @@ from gateway.errors import (
 )
 from gateway.hooks import Hooks, QueueSlots
 from gateway.limits.admission import BUDGET_LEFT_STATE, INPUT_TOKENS_STATE, PRICE_STATE
+from gateway.live_policy import LivePolicy
+from gateway.upstream.pool import UpstreamPool
 from policies.load import ModelTarget, Policy
 from routing.decide import Candidate, Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
@@ -214,10 +217,11 @@ async def _add_headers(request: web.Request, response: web.StreamResponse) -> No
 ROUTING = web.AppKey("routegate.routing", RoutingHook)
 
 
-def install(app: web.Application, hooks: Hooks,
-            hook: RoutingHook | None = None) -> RoutingHook:
+def install(app: web.Application, hooks: Hooks, *, live: LivePolicy | None = None,
+            pool: UpstreamPool | None = None, hook: RoutingHook | None = None) -> RoutingHook:
     """Plug routing into the pipeline. The in-flight counter wraps `hooks.queue` at
-    start-up, so it wraps whichever queue was installed, in any order."""
+    start-up, so it wraps whichever queue was installed, in any order. With `live`
+    and `pool`, dedicated backends' own `/metrics` are polled for their load."""
     hook = hook or RoutingHook()
     hooks.router = hook
     hooks.observers.append(hook)
@@ -228,5 +232,6 @@ def install(app: web.Application, hooks: Hooks,
         hooks.queue = hook.counting(hooks.queue)
 
     app.on_startup.append(wrap_queue)
+    if live is not None and pool is not None:
+        install_load_poller(app, live, pool, hook.stats)
     return hook
-
