@@ -143,6 +143,14 @@ async def over_http(url: str, concurrency: int, rounds: int) -> dict[str, float]
     return {"tok_s": total / wall, "p95_ttft_s": p95(ttfts), "per_token_s": statistics.mean(gaps)}
 
 
+def best(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    if not old:
+        return new
+    return {"tok_s": max(old["tok_s"], new["tok_s"]),
+            "p95_ttft_s": min(old["p95_ttft_s"], new["p95_ttft_s"]),
+            "per_token_s": min(old["per_token_s"], new["per_token_s"])}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -168,6 +176,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="alternate baseline and engine runs; keep each figure's best")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -175,8 +185,6 @@ def main() -> int:
     model = load_model(ensure_demo_model(cache), progress=None)
     print(f"demo model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{args.threads} CPU threads, {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens")
-    base_line = baseline(model, 16)
-    del model
     port = free_port()
     env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(cache)}
     proc = subprocess.Popen(
@@ -187,8 +195,14 @@ def main() -> int:
     try:
         base = f"http://127.0.0.1:{port}"
         asyncio.run(wait_healthy(base, proc))
-        rows = {c: asyncio.run(over_http(base + "/v1/completions", c, 4 if c == 1 else 1))
-                for c in args.concurrency}
+        base_line: dict[str, float] = {}
+        rows: dict[int, dict[str, float]] = {}
+        # On a shared machine load comes and goes: interleave the runs, keep the best of each.
+        for _ in range(args.repeat):
+            base_line = best(base_line, baseline(model, 16))
+            for c in args.concurrency:
+                run = asyncio.run(over_http(base + "/v1/completions", c, 4 if c == 1 else 1))
+                rows[c] = best(rows.get(c, {}), run)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
         block_size=args.block_size, num_blocks=num_blocks,
-        max_num_batched_tokens=2048 if use_cuda else 512,
+        # Per-step token budget: bounds how long a prefill chunk delays running streams.
+        max_num_batched_tokens=2048 if use_cuda else 256,
         max_model_len=model.config.max_position_embeddings,
     )
     engine = Engine(model, tokenizer, config,

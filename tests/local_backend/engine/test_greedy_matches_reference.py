@@ -99,3 +99,21 @@ async def test_long_prompt_is_prefilled_in_chunks_and_matches_reference(
     ids = prompt(3, 50)
     tokens, _ = await run(engine, "long", ids)
     assert tokens == reference.greedy(tiny_state, tiny_config, ids, 10)
+
+
+async def test_new_prompts_do_not_stall_running_streams(make_engine: EngineFactory) -> None:
+    # 8 tokens per step: the newcomer's 60-token prompt takes 9 steps to prefill, and the
+    # running request must get a token in each of those steps.
+    engine = make_engine(max_num_batched_tokens=8, num_blocks=128)
+    running = engine.generate("running", prompt(1, 4), SamplingParams(
+        max_tokens=60, temperature=0.0, ignore_eos=True))
+    times = [(await anext(running)).time for _ in range(2)]
+
+    async def newcomer() -> list[float]:
+        return [o.time async for o in engine.generate("newcomer", prompt(2, 60), GREEDY)]
+
+    sent = engine.clock()
+    newcomer_times = asyncio.ensure_future(newcomer())
+    times += [out.time async for out in running]
+    first_token = (await newcomer_times)[0]
+    assert len([t for t in times if sent < t < first_token]) >= 8
