@@ -29,7 +29,6 @@ from routing.compliance import (
     partition_by_rules,
     pii_exclusion,
 )
-from routing.cost import cost_micro_usd
 from routing.features import RequestFeatures, route_for
 from routing.predict import TargetModel, estimate
 from routing.stats import StatsSnapshot
@@ -99,9 +98,10 @@ class RouteDecision:
 
 
 _new_tuple = tuple.__new__
-# Sort keys over Candidate fields: (total_ms, cost) and (cost, total_ms).
-_FASTEST = itemgetter(3, 4)
-_CHEAPEST = itemgetter(4, 3)
+_INF = float("inf")
+# Sort keys: Candidate.total_ms and Candidate.cost_micro_usd.
+_TOTAL = itemgetter(3)
+_COST = itemgetter(4)
 
 
 class _RoutePlan(NamedTuple):
@@ -159,18 +159,24 @@ class Router:
         missing: list[Candidate] = []
         unaffordable: list[Candidate] = []  # more than the tenant's budget has left
         inputs, outputs = features.input_tokens, features.output_tokens
+        tokens = inputs + outputs
+        # None (no limit) as infinity: one comparison per candidate instead of two.
         ttft_budget, total_budget = features.ttft_budget_ms, features.total_budget_ms
+        ttft_limit = _INF if ttft_budget is None else ttft_budget
+        total_limit = _INF if total_budget is None else total_budget
         budget_left = features.tenant_budget_left_micro_usd
+        cost_limit = _INF if budget_left is None else budget_left
         targets = stats.targets
         empty = stats.target("")
         pii = features.pii
+        new_tuple, candidate_type = _new_tuple, Candidate
         for model in allowed:
             if pii:
                 pii_excluded = pii_exclusion(self._pii, pii, model)
                 if pii_excluded is not None:
                     excluded.append(pii_excluded)
                     continue
-            if model.context_tokens is not None and inputs + outputs > model.context_tokens:
+            if tokens > model.context_limit:
                 excluded.append(Excluded(
                     model.key, REASON_CONTEXT_WINDOW,
                     f"{inputs} input + {outputs} output tokens exceed the "
@@ -182,20 +188,14 @@ class Router:
                 excluded.append(Excluded(model.key, REASON_UNHEALTHY,
                                          f"error rate {snapshot.error_rate:.0%} or marked down"))
                 continue
-            ttft, total, queue, explained, decode = estimate(
+            ttft, total, queue, explained, cost = estimate(
                 model, inputs, outputs, snapshot, now)
-            if model.dedicated:
-                cost = cost_micro_usd(model, inputs, outputs, decode)
-            else:  # inlined: the common shared-API case, per candidate
-                cost = round(inputs * model.input_micro_usd_per_token
-                             + outputs * model.output_micro_usd_per_token)
-            within = ((ttft_budget is None or ttft <= ttft_budget)
-                      and (total_budget is None or total <= total_budget))
+            within = ttft <= ttft_limit and total <= total_limit
             # tuple.__new__ skips NamedTuple's Python-level __new__: a third of the
             # per-candidate cost with 100 candidates.
-            candidate = _new_tuple(Candidate, (model.key, model.target, ttft, total, cost,
-                                               within, queue, explained))
-            if budget_left is not None and cost > budget_left:
+            candidate = new_tuple(candidate_type, (model.key, model.target, ttft, total, cost,
+                                                   within, queue, explained))
+            if cost > cost_limit:
                 unaffordable.append(candidate)
             else:
                 (fitting if within else missing).append(candidate)
@@ -244,7 +244,10 @@ def decide(features: RequestFeatures, policy: Policy, stats: StatsSnapshot, now:
 def _ordered(candidates: list[Candidate], objective: str) -> list[Candidate]:
     # Ties go to the next criterion, then to the route's declared target order
     # (list.sort is stable), so a decision is a function of its inputs.
-    candidates.sort(key=_FASTEST if objective == "fastest" else _CHEAPEST)
+    # Two stable sorts on single fields: cheaper than one sort on a tuple key.
+    first, then = (_COST, _TOTAL) if objective == "fastest" else (_TOTAL, _COST)
+    candidates.sort(key=first)
+    candidates.sort(key=then)
     return candidates
 
 

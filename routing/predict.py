@@ -35,6 +35,7 @@ class TargetModel:
     prefill_ms_per_token: float
     prior_decode_tokens_per_s: float
     context_tokens: int | None
+    context_limit: float  # context_tokens, or infinity when not declared
     # Cost constants (see cost.py): micro-dollars per token, per GPU-millisecond.
     input_micro_usd_per_token: float
     output_micro_usd_per_token: float
@@ -52,6 +53,7 @@ class TargetModel:
             prefill_ms_per_token=1000.0 / priors.prefill_tokens_per_s,
             prior_decode_tokens_per_s=priors.decode_tokens_per_s,
             context_tokens=target.spec.context_tokens,
+            context_limit=target.spec.context_tokens or float("inf"),
             input_micro_usd_per_token=target.spec.input_usd_per_mtok,
             output_micro_usd_per_token=target.spec.output_usd_per_mtok,
             # USD/hour × 1e6 µUSD/USD ÷ 3.6e6 ms/hour
@@ -69,9 +71,10 @@ class Prediction(NamedTuple):
 
 
 def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
-             stats: TargetSnapshot, now: float) -> tuple[float, float, float, float, float]:
-    """(ttft_ms, total_ms, queue_ms, explained_ttft_ms, decode_tokens_per_s) as a plain
-    tuple: `decide` calls this for every candidate, and a tuple is the cheapest result."""
+             stats: TargetSnapshot, now: float) -> tuple[float, float, float, float, int]:
+    """(ttft_ms, total_ms, queue_ms, explained_ttft_ms, cost_micro_usd) as a plain tuple:
+    `decide` calls this for every candidate, and a tuple is the cheapest result. The
+    cost is `cost.cost_micro_usd` computed from the terms already at hand here."""
     network = model.prior_network_ms if stats.network_ms is None else stats.network_ms
     overhead = model.prior_overhead_ms if stats.overhead_ms is None else stats.overhead_ms
     decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
@@ -100,10 +103,16 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
         queue = ahead * service / (slots or 1)
     explained = network + queue + prefill
     ttft = explained + overhead
-    return ttft, ttft + decode_ms, queue, explained, decode
+    if not model.dedicated:
+        cost = round(input_tokens * model.input_micro_usd_per_token
+                     + output_tokens * model.output_micro_usd_per_token)
+    else:  # GPU time: the prefill, plus the decode shared by the slots (see cost.py)
+        cost = round(model.gpu_micro_usd_per_ms * (prefill + decode_ms / (slots or 1)))
+    return ttft, ttft + decode_ms, queue, explained, cost
 
 
 def predict(model: TargetModel, input_tokens: int, output_tokens: int,
             stats: TargetSnapshot, now: float) -> Prediction:
-    return Prediction(*estimate(model, input_tokens, output_tokens, stats, now),
-                      measured=stats.samples > 0)
+    ttft, total, queue, explained, _ = estimate(model, input_tokens, output_tokens, stats, now)
+    decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
+    return Prediction(ttft, total, queue, explained, decode, measured=stats.samples > 0)

@@ -1,7 +1,7 @@
 """Latency prediction and amortised cost, on plain numbers."""
 
 from routing.cost import cost_micro_usd
-from routing.predict import TargetModel, predict
+from routing.predict import TargetModel, estimate, predict
 from routing.stats import LiveStats
 from tests.routing.policies import policy
 
@@ -54,3 +54,14 @@ def test_dedicated_cost_is_the_gpu_hour_spread_over_throughput() -> None:
     # 4 streams at 50 tok/s = 1 s; 2 s of GPU.
     assert cost_micro_usd(LOCAL, 4000, 200, 50.0) == 278
     assert cost_micro_usd(LOCAL, 4000, 200, 100.0) < 278  # faster decode is cheaper
+
+
+def test_the_hot_path_cost_agrees_with_the_cost_model() -> None:
+    stats = LiveStats()
+    stats.record_success(LOCAL.key, network_ms=3.0, ttft_ms=90.0, total_ms=2090.0,
+                         output_tokens=161)
+    for model in (LOCAL, SHARED):
+        snap = stats.snapshot().target(model.key)
+        decode = predict(model, 1234, 321, snap, 0.0).decode_tokens_per_s
+        assert estimate(model, 1234, 321, snap, 0.0)[4] == \
+            cost_micro_usd(model, 1234, 321, decode)

@@ -154,11 +154,10 @@ def check(policy: Policy, decision: RouteDecision, request: RequestFeatures) -> 
     # The tenant's remaining budget is not overspent where an affordable target exists,
     # and a spent budget gets nothing.
     left = request.tenant_budget_left_micro_usd
-    if left is not None and decision.candidates:
-        if decision.candidates[0].cost_micro_usd > left:
-            assert left > 0
-            assert all(c.cost_micro_usd > left for c in decision.candidates)
-            assert not any(e.reason == "tenant_budget_exhausted" for e in decision.excluded)
+    if left is not None and decision.candidates and decision.candidates[0].cost_micro_usd > left:
+        assert left > 0
+        assert all(c.cost_micro_usd > left for c in decision.candidates)
+        assert not any(e.reason == "tenant_budget_exhausted" for e in decision.excluded)
 
 
 @settings(max_examples=POLICIES, deadline=None, database=None,
