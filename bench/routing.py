@@ -22,7 +22,7 @@ from routing.decide import Router
 from routing.features import RequestFeatures
 from routing.pii import CATEGORIES, PiiScanner
 from routing.stats import LiveStats
-from routing.tokens import TokenCounter
+from routing.tokens import EXACT_COUNT_MAX_CHARS, TokenCounter
 
 
 def policy_text(targets: int) -> str:
@@ -109,7 +109,8 @@ def main() -> int:
 
     counter = TokenCounter()
     scanner = PiiScanner(CATEGORIES)
-    print("per-request scans (median of repeated calls)")
+    print("per-request scans (median of repeated calls; token counts are exact up to "
+          f"{EXACT_COUNT_MAX_CHARS:,} chars, sampled above)")
     for tokens in (1_000, 4_000):
         text = prompt(tokens, counter)
         count = per_call_us(counter.count_text, text, 200)
