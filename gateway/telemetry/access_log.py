@@ -9,7 +9,7 @@ by accident — adding one means changing this file, in review.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -56,6 +56,9 @@ class AccessRecord:
         return {k: v for k, v in figures.items() if v is not None}
 
 
+_FIELD_NAMES = tuple(f.name for f in fields(AccessRecord))
+
+
 class AccessLog:
     """Writes `AccessRecord`s as JSON lines to a `logging.Logger` (INFO)."""
 
@@ -65,7 +68,12 @@ class AccessLog:
     def write(self, record: AccessRecord) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        data: dict[str, Any] = {k: v for k, v in asdict(record).items() if v is not None}
+        # Not dataclasses.asdict: it deep-copies every value (~150 µs of a request's CPU).
+        data: dict[str, Any] = {}
+        for name in _FIELD_NAMES:
+            value = getattr(record, name)
+            if value is not None:
+                data[name] = value
         self.logger.info(orjson.dumps(data).decode())
 
 

@@ -134,7 +134,8 @@ class RequestTrace:
     def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """A child of the root (INTERNAL); the caller ends it."""
         return self._tracer.start_span(
-            name, context=self._root_ctx, attributes=clean(attributes or {})
+            name, context=self._root_ctx,
+            attributes=clean(attributes) if attributes and self.recording else None,
         )
 
     @contextmanager
@@ -152,7 +153,8 @@ class RequestTrace:
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """The CLIENT span of one upstream attempt."""
         return self._tracer.start_span(
-            name, context=self._root_ctx, kind=SpanKind.CLIENT, attributes=clean(attributes or {})
+            name, context=self._root_ctx, kind=SpanKind.CLIENT,
+            attributes=clean(attributes) if attributes and self.recording else None,
         )
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:

@@ -70,7 +70,11 @@ async def test_inference_histogram_stays_empty_when_the_backend_reports_nothing(
     telemetry = Telemetry(clock=clock)
     await scripted_request(telemetry, clock, upstream_headers={}, final_body={"choices": []})
     found = families(telemetry.metrics.render()[0].decode())
-    assert not [s for s in found["routegate_inference_seconds"] if s.name.endswith("_count")]
+    counts = [s.value for s in found["routegate_inference_seconds"] if s.name.endswith("_count")]
+    assert not any(counts)  # nothing observed: no zero standing in for "unknown"
+    durations = [s.value for s in found["routegate_request_duration_seconds"]
+                 if s.name.endswith("_count")]
+    assert durations == [1.0]
 
 
 def test_two_apps_do_not_share_metrics() -> None:
