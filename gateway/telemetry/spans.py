@@ -133,9 +133,13 @@ class RequestTrace:
 
     def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """A child of the root (INTERNAL); the caller ends it."""
+        if not self.recording:
+            # Not sampled (or no tracing): the children would not be recorded either, so
+            # skip the SDK entirely; the root's own non-recording span stands in (its end()
+            # is a no-op) and still carries the trace id and the "not sampled" flag upstream.
+            return self._root
         return self._tracer.start_span(
-            name, context=self._root_ctx,
-            attributes=clean(attributes) if attributes and self.recording else None,
+            name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
         )
 
     @contextmanager
@@ -152,9 +156,11 @@ class RequestTrace:
 
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """The CLIENT span of one upstream attempt."""
+        if not self.recording:
+            return self._root  # see start()
         return self._tracer.start_span(
             name, context=self._root_ctx, kind=SpanKind.CLIENT,
-            attributes=clean(attributes) if attributes and self.recording else None,
+            attributes=clean(attributes) if attributes else None,
         )
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:

@@ -101,3 +101,27 @@ async def test_spans_reach_a_real_otlp_grpc_receiver() -> None:
         await asyncio.to_thread(provider.shutdown)
     finally:
         await server.stop(None)
+
+
+def test_an_unsampled_request_records_nothing_but_still_propagates_its_trace() -> None:
+    from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from gateway.telemetry.spans import RequestTrace, tracer_of
+
+    memory = InMemorySpanExporter()
+    provider = SdkProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    request = RequestTrace(tracer_of(provider), name="POST /v1/chat/completions", headers={})
+    with request.step("routegate.auth"):
+        pass
+    upstream = request.start_upstream("chat m")
+    headers: dict[str, str] = {}
+    request.inject(upstream, headers)
+    upstream.end()
+    request.end(200)
+    assert memory.get_finished_spans() == ()
+    _, trace_id, _, flags = headers["traceparent"].split("-")
+    assert trace_id == request.trace_id
+    assert int(flags, 16) & 1 == 0  # "not sampled": the backend must not record it either
