@@ -75,10 +75,10 @@ class Pipeline:
         try:
             with tel.step("routegate.auth"):
                 self.authenticate(ctx)
+            tel.identify(tenant=ctx.identity.tenant if ctx.identity else None)
             await self.read_body(ctx)
             self.parse(ctx)
-            tel.identify(tenant=ctx.identity.tenant if ctx.identity else None,
-                         requested_model=ctx.model, stream=ctx.stream,
+            tel.identify(requested_model=ctx.model, stream=ctx.stream,
                          operation=ctx.endpoint.name, max_tokens=ctx.body.get("max_tokens"),
                          temperature=ctx.body.get("temperature"))
             with tel.step("routegate.rate_limit"):
