@@ -148,6 +148,7 @@ async def test_one_json_access_line_per_request_and_never_the_key_or_the_prompt(
     assert [line["status"] for line in lines] == [200, 200, 404, 401]
     first = lines[0]
     assert first["tenant"] == "acme" and first["trace_id"] == INBOUND_TRACE
+    assert lines[2]["tenant"] == "acme" and lines[2]["error_code"] == "model_not_found"
     assert first["backend"] == "up" and first["route"] == "chat"
     assert first["input_tokens"] > 0 and first["output_tokens"] > 0
     assert {"total_ms", "gw_ms", "queue_ms", "upstream_ms"} <= set(first["timing"])
