@@ -24,7 +24,7 @@ from local_backend.tokenizer import Tokenizer
 
 log = logging.getLogger("local_backend")
 CPU_KV_BUDGET_BYTES = 1 << 30  # default KV cache on CPU: 1 GiB
-GPU_KV_FRACTION = 0.85  # of the memory left free after loading the weights
+GPU_KV_FRACTION = 0.85
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -33,14 +33,21 @@ class Sampler:
             if not p.greedy:
                 tokens[row] = self._draw(logits[row], request_ids[row], p)
         logprobs: list[TokenLogprob | None] = [None] * len(tokens)
-        for row, p in enumerate(params):
-            if p.logprobs is not None:
-                lp = torch.log_softmax(logits[row], dim=-1)
-                top = torch.topk(lp, p.logprobs) if p.logprobs > 0 else None
-                alternatives = (
-                    list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
-                )
-                logprobs[row] = TokenLogprob(tokens[row], float(lp[tokens[row]]), alternatives)
+        rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if rows:
+            # One log_softmax and one top-k for every row that asked, not one per row.
+            index = torch.tensor(rows, device=logits.device)
+            lp = torch.log_softmax(logits.index_select(0, index), dim=-1)
+            chosen = lp.gather(1, torch.tensor([[tokens[r]] for r in rows], device=lp.device))
+            k = max(params[r].logprobs or 0 for r in rows)
+            top = torch.topk(lp, k) if k > 0 else None
+            chosen_list = chosen[:, 0].tolist()
+            top_ids = top.indices.tolist() if top is not None else [[] for _ in rows]
+            top_lps = top.values.tolist() if top is not None else [[] for _ in rows]
+            for i, row in enumerate(rows):
+                n = params[row].logprobs or 0
+                alternatives = list(zip(top_ids[i][:n], top_lps[i][:n], strict=True))
+                logprobs[row] = TokenLogprob(tokens[row], chosen_list[i], alternatives)
         return tokens, logprobs
 
     def _draw(self, row: torch.Tensor, request_id: str, p: SamplingParams) -> int:

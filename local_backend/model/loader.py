@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from local_backend.model.config import LlamaConfig, ModelLoadError
+from local_backend.model.cpu_linear import pack_linears
 from local_backend.model.llama import (
     LlamaForCausalLM,
     checkpoint_layout,
@@ -111,4 +112,6 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     # Buffers are not in the checkpoint; build them on the real device.
     model.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        pack_linears(model)
     return model.eval()
