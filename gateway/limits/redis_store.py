@@ -53,9 +53,15 @@ def _script(name: str) -> str:
     return files("gateway.limits").joinpath(name).read_text(encoding="utf-8")
 
 
-def connect(url: str, *, socket_timeout_s: float = 0.25, max_connections: int = 64,
-            pool_wait_s: float = 0.5) -> aioredis.Redis:
-    """A client that fails fast: short socket timeouts, no retries, a bounded pool."""
+def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 16,
+            pool_wait_s: float = 1.0) -> aioredis.Redis:
+    """A client that fails fast: short socket timeouts, no retries, a bounded pool.
+
+    A few connections suffice (a round trip takes ~0.2 ms on a LAN) and opening fewer
+    at once matters: under a burst on a busy event loop, dozens of simultaneous
+    connects is what times out first. The timeouts allow for that loop being busy:
+    a stalled loop must not pass for a dead Redis.
+    """
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=pool_wait_s,
         socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
@@ -87,7 +93,7 @@ def _seconds(ms: int) -> float | None:
 class RedisStore:
     name: StoreName = "redis"
 
-    def __init__(self, client: aioredis.Redis, *, op_timeout_s: float = 0.5) -> None:
+    def __init__(self, client: aioredis.Redis, *, op_timeout_s: float = 1.0) -> None:
         self.client = client
         self._op_timeout_s = op_timeout_s
         self._admit = client.register_script(_script("admit.lua"))

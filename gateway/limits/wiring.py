@@ -19,7 +19,7 @@ def store_url(settings: LimitStoreSettings, redis_url_env: str | None) -> str:
 
 
 def open_store(settings: LimitStoreSettings, *, url: str | None = None,
-               probe_interval_s: float = 1.0, socket_timeout_s: float = 0.25) -> LimitStore:
+               probe_interval_s: float = 1.0, socket_timeout_s: float = 0.5) -> LimitStore:
     """A memory store, or Redis behind the policy's `on_store_error` behaviour.
 
     Nothing connects here: redis-py connects on first use, so a Redis that is down
