@@ -21,6 +21,9 @@ from gateway.settings import Settings
 from policies.load import Policy, loads
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 
+# `redis_server`: a real redis-server on a free loopback port, per test.
+pytest_plugins = ("tests.redis_server",)
+
 
 def single_backend_policy(url: str, *, models: tuple[str, ...] = ("gpt-4o-mini",),
                           backend: str = "up", **extra: Any) -> dict[str, Any]:

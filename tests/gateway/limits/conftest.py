@@ -9,9 +9,7 @@ import pytest
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore, connect
 from gateway.limits.store import LimitStore
-from tests.redis_server import RedisServer, redis_server
-
-__all__ = ["redis_server"]
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture(params=["memory", "redis"])
