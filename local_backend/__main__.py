@@ -23,7 +23,7 @@ from local_backend.telemetry import install, tracer_provider_from_env
 from local_backend.tokenizer import Tokenizer
 
 log = logging.getLogger("local_backend")
-CPU_KV_BUDGET_BYTES = 1 << 30  # default KV cache on CPU: 1 GiB
+CPU_KV_BUDGET_BYTES = 256 << 20  # default KV cache on CPU: 256 MiB
 GPU_KV_FRACTION = 0.85
 
 

@@ -88,15 +88,16 @@ class Engine:
         eos_token_ids: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        max_len = min(config.max_model_len, model.config.max_position_embeddings)
         self.config = config
-        self.max_model_len = max_len
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.clock = clock
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, prefix_caching=config.prefix_caching
         )
+        # A sequence alone must always fit in the cache, or it could never be rescheduled.
+        fits = (config.num_blocks - self.blocks.watermark) * config.block_size
+        self.max_model_len = min(config.max_model_len, model.config.max_position_embeddings, fits)
         self.scheduler = Scheduler(
             self.blocks,
             max_num_seqs=config.max_num_seqs,
@@ -152,12 +153,9 @@ class Engine:
             raise RequestRejected("the prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
             raise RequestRejected(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
-                f"{self.max_model_len} tokens"
+                f"the prompt has {len(prompt_ids)} tokens; this server's context "
+                f"(model and KV cache) is {self.max_model_len} tokens"
             )
-        usable = self.blocks.num_blocks - self.blocks.watermark
-        if self.blocks.blocks_for(len(prompt_ids) + 1) > usable:
-            raise RequestRejected("the prompt does not fit in the KV cache")
         with self._lock:
             if len(self.scheduler.waiting) + self._pending >= self.config.max_waiting:
                 raise QueueFull(f"{self.config.max_waiting} requests are already waiting")

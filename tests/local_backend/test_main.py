@@ -1,19 +1,23 @@
-"""`python -m local_backend --model demo` comes up healthy in seconds; bad paths fail clearly."""
+"""`python -m local_backend --model demo` comes up healthy in seconds, serves, and exports spans."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from local_backend.__main__ import main
+from local_backend.telemetry import tracer_provider_from_env
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 
 def free_port() -> int:
@@ -22,45 +26,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
+async def otlp_receiver(aiohttp_server: Any) -> tuple[str, list[Any]]:
+    """A real OTLP/HTTP endpoint: decodes each protobuf export and keeps its spans."""
+    spans: list[Any] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        export = ExportTraceServiceRequest.FromString(await request.read())
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                spans.extend(scope.spans)
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    server = await aiohttp_server(app)
+    return str(server.make_url("")).rstrip("/"), spans
+
+
+async def wait_healthy(base: str, proc: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            assert proc.returncode is None, "local_backend exited"
+            try:
+                async with http.get(base + "/health") as resp:
+                    assert await resp.json() == {"status": "ok"}
+                    return
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.1)
+    raise AssertionError("no /health within 60 s")
 
 
 @pytest.mark.slow
-def test_demo_model_serves_health_and_chat(tmp_path: Path) -> None:
+async def test_demo_model_serves_and_exports_engine_spans(
+    tmp_path: Path, aiohttp_server: Any
+) -> None:
+    endpoint, spans = await otlp_receiver(aiohttp_server)
     port = free_port()
-    env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(tmp_path)}
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "local_backend", "--model", "demo", "--port", str(port),
-         "--threads", "1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(tmp_path),
+           "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "local_backend", "--model", "demo", "--port", str(port),
+        "--threads", "1", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert get_json(f"http://127.0.0.1:{port}/health") == {"status": "ok"}
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-                assert time.monotonic() < deadline, "no /health within 60 s"
-                time.sleep(0.1)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            data=json.dumps({"model": "demo", "max_tokens": 4,
-                             "messages": [{"role": "user", "content": "hi"}]}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            body = json.loads(resp.read())
+        await wait_healthy(base, proc)
+        async with aiohttp.ClientSession() as http, http.post(
+            base + "/v1/chat/completions",
+            json={"model": "demo", "max_tokens": 4,
+                  "messages": [{"role": "user", "content": "hi"}]},
+            headers={"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-01"},
+        ) as resp:
+            body = await resp.json()
             assert "inference;dur=" in resp.headers["Server-Timing"]
         assert body["model"] == "demo" and body["usage"]["completion_tokens"] >= 1
         assert (tmp_path / "demo-model-v2" / "config.json").is_file()
+        for _ in range(100):
+            if {s.name for s in spans} >= {"engine.queue", "engine.prefill", "engine.decode"}:
+                break
+            await asyncio.sleep(0.05)
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        await asyncio.wait_for(proc.wait(), 10)
+    engine_spans = [s for s in spans if s.name.startswith("engine.")]
+    assert {s.name for s in engine_spans} == {"engine.queue", "engine.prefill", "engine.decode"}
+    assert all(s.trace_id.hex() == TRACE_ID for s in engine_spans)
 
 
 def test_missing_model_directory_exits_with_a_clear_error(
@@ -68,3 +99,12 @@ def test_missing_model_directory_exits_with_a_clear_error(
 ) -> None:
     assert main(["--model", str(tmp_path / "nowhere"), "--device", "cpu"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_no_exporter_unless_otel_variables_ask_for_one() -> None:
+    assert tracer_provider_from_env({}) is None
+    assert tracer_provider_from_env({"OTEL_TRACES_EXPORTER": "none",
+                                     "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None
+    provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert provider is not None
+    provider.shutdown()

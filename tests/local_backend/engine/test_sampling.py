@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from local_backend.engine.loop import RequestRejected
 from local_backend.engine.sampler import Sampler
 from local_backend.engine.sequence import SamplingParams
 from tests.local_backend.conftest import EngineFactory
@@ -79,3 +81,20 @@ def test_top_p_keeps_only_the_nucleus() -> None:
     params = SamplingParams(temperature=1.0, top_p=0.5, seed=0)
     drawn = {sampler.sample(logits, [f"r{i}"], [params])[0][0] for i in range(20)}
     assert drawn <= {0, 1}
+
+
+async def test_generation_stops_at_the_context_the_cache_can_hold(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(num_blocks=8, block_size=4)  # 7 usable blocks: 28 tokens
+    assert engine.max_model_len == 28
+    outputs = [o async for o in engine.generate("long", prompt(8, 10), SamplingParams(
+        max_tokens=100, temperature=0.0, ignore_eos=True))]
+    assert outputs[-1].finish_reason == "length"
+    assert outputs[-1].completion_tokens == 18
+
+
+async def test_prompt_longer_than_the_context_is_rejected(make_engine: EngineFactory) -> None:
+    engine = make_engine(num_blocks=8, block_size=4)
+    with pytest.raises(RequestRejected, match="28 tokens"):
+        engine.add_request("too-long", prompt(9, 30), SamplingParams())
