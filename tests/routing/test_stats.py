@@ -80,3 +80,14 @@ def test_backend_reported_load_goes_stale() -> None:
 def test_unknown_targets_read_as_empty() -> None:
     snap = LiveStats().snapshot().target("nowhere/x")
     assert snap.samples == 0 and snap.in_flight == 0 and snap.healthy(0.0)
+
+
+def test_a_target_changed_many_times_is_frozen_once_when_read() -> None:
+    stats = LiveStats()
+    stats.request_started(KEY)
+    stats.record_success(KEY, network_ms=1.0, ttft_ms=None, total_ms=10.0, output_tokens=3)
+    stats.request_finished(KEY)
+    target = stats.snapshot().target(KEY)
+    assert (target.in_flight, target.samples, target.service_ms) == (0, 1, 10.0)
+    stats.set_queue_depth("other/m", 2)
+    assert stats.snapshot().target(KEY) is target  # unchanged targets are not rebuilt
