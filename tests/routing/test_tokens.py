@@ -76,3 +76,25 @@ def test_long_prompts_are_estimated_within_two_percent() -> None:
     exact = len(ENCODING.encode_ordinary(text))
     estimate = TokenCounter(exact_count_max_chars=10_000).count_text(text)
     assert abs(estimate - exact) / exact < 0.02
+
+
+class _CountingEncoding:
+    """The real encoding, counting how often the BPE is run."""
+
+    def __init__(self) -> None:
+        self.name = ENCODING.name
+        self.calls = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls += 1
+        return ENCODING.encode_ordinary(text)
+
+
+def test_roles_are_encoded_once_and_content_on_every_request() -> None:
+    encoding = _CountingEncoding()
+    counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = counter.count_messages(messages)
+    assert encoding.calls == 4
+    assert counter.count_messages(messages) == first
+    assert encoding.calls == 6  # the two contents again, the two roles remembered
