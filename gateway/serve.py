@@ -7,13 +7,13 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.settings import Settings, default_policy_path
-from gateway.telemetry.install import configure_access_log
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
 from policies.load import PolicyError, load
@@ -37,7 +37,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    configure_access_log()  # one bare JSON line per request on stdout
     path = args.policy or Path(os.environ.get("ROUTEGATE_POLICY") or default_policy_path())
     try:
         policy = load(path)
@@ -55,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(host=args.host, port=args.port, policy_path=path,
                         shadow_policy_path=args.shadow_policy)
     try:  # OTEL_* (trace export; none configured = none), PROMETHEUS_MULTIPROC_DIR
-        telemetry = Telemetry.from_env(os.environ)
+        # one bare JSON line per request on stdout, buffered (flushed about once a second)
+        telemetry = Telemetry.from_env(os.environ, access_stream=sys.stdout.buffer)
     except TracingConfigError as exc:
         log.error("%s", exc)
         return 2

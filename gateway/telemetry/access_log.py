@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -60,13 +60,24 @@ _FIELD_NAMES = tuple(f.name for f in fields(AccessRecord))
 
 
 class AccessLog:
-    """Writes `AccessRecord`s as JSON lines to a `logging.Logger` (INFO)."""
+    """Writes `AccessRecord`s as JSON lines: to a binary `stream` when given (what
+    `routegate serve` does), else to a `logging.Logger` at INFO (tests, embedding apps).
 
-    def __init__(self, logger: logging.Logger | None = None) -> None:
+    The stream path skips the logging module (LogRecord, formatter, lock, a write and a
+    flush per line: ~25 µs a request) and writes orjson's bytes to a buffered stream;
+    `flush()` is called about once a second and at shutdown (`install_telemetry`), so a
+    line reaches the log pipeline within ~1 s and a busy gateway makes one write(2) per
+    buffer, not one per request.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, *,
+                 stream: IO[bytes] | None = None) -> None:
         self.logger = logger or logging.getLogger(LOGGER_NAME)
+        self.stream = stream
 
     def write(self, record: AccessRecord) -> None:
-        if not self.logger.isEnabledFor(logging.INFO):
+        stream = self.stream
+        if stream is None and not self.logger.isEnabledFor(logging.INFO):
             return
         # Not dataclasses.asdict: it deep-copies every value (~150 µs of a request's CPU).
         data: dict[str, Any] = {}
@@ -74,7 +85,14 @@ class AccessLog:
             value = getattr(record, name)
             if value is not None:
                 data[name] = value
-        self.logger.info(orjson.dumps(data).decode())
+        if stream is not None:
+            stream.write(orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
+        else:
+            self.logger.info(orjson.dumps(data).decode())
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            self.stream.flush()
 
 
 def json_line_handler(stream: Any = None) -> logging.Handler:

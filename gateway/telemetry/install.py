@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -24,10 +25,24 @@ def install_telemetry(app: web.Application, telemetry: Telemetry) -> None:
     app.cleanup_ctx.append(_flush_at_shutdown)
 
 
+ACCESS_LOG_FLUSH_S = 1.0  # a buffered access line reaches its stream within this
+
+
 async def _flush_at_shutdown(app: web.Application) -> AsyncIterator[None]:
+    telemetry = app[TELEMETRY]
+    flusher = asyncio.create_task(_flush_access_log(telemetry))
     yield
+    flusher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flusher
     # The exporter may block on the network (bounded by its own timeout): not on the loop.
-    await asyncio.to_thread(app[TELEMETRY].shutdown)
+    await asyncio.to_thread(telemetry.shutdown)
+
+
+async def _flush_access_log(telemetry: Telemetry) -> None:
+    while True:
+        await asyncio.sleep(ACCESS_LOG_FLUSH_S)
+        telemetry.access_log.flush()
 
 
 def configure_access_log(stream: TextIO | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from time import perf_counter
+from typing import IO
 
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 
@@ -37,11 +38,14 @@ class Telemetry:
         self.clock: Clock = clock or perf_counter
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Telemetry:
-        """What `routegate serve` uses: `OTEL_*` for traces, `PROMETHEUS_MULTIPROC_DIR`."""
+    def from_env(cls, env: Mapping[str, str], *,
+                 access_stream: IO[bytes] | None = None) -> Telemetry:
+        """What `routegate serve` uses: `OTEL_*` for traces, `PROMETHEUS_MULTIPROC_DIR`;
+        access lines to `access_stream` (buffered bytes) when given, else to logging."""
         return cls(
             provider=tracer_provider_from_env(env),
             metrics=GatewayMetrics(multiprocess_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None),
+            access_log=AccessLog(stream=access_stream) if access_stream is not None else None,
         )
 
     def begin(
@@ -60,7 +64,9 @@ class Telemetry:
         )
 
     def shutdown(self) -> None:
-        """Flush spans still batched (the SDK provider; the no-op one has nothing)."""
+        """Flush access lines still buffered and spans still batched (the SDK provider;
+        the no-op one has nothing)."""
+        self.access_log.flush()
         shutdown = getattr(self.provider, "shutdown", None)
         if callable(shutdown):
             shutdown()
