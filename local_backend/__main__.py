@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -16,6 +15,7 @@ from aiohttp import web
 from local_backend.demo import ensure_demo_model
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.runner import ModelRunner
+from local_backend.generation_config import GenerationConfig
 from local_backend.model.config import ModelLoadError
 from local_backend.model.loader import load_model
 from local_backend.server.app import create_app
@@ -44,19 +44,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(os.environ.get("ROUTEGATE_CACHE_DIR") or Path(base) / "routegate")
-
-
-def eos_ids(directory: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:
-    """EOS ids from generation_config.json, config.json and the tokenizer's eos_token, merged."""
-    ids = list(config_eos)
-    gen = directory / "generation_config.json"
-    if gen.is_file():
-        value = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-        ids += value if isinstance(value, list) else [] if value is None else [value]
-    token = tokenizer.token_id(tokenizer.eos_token)
-    if token is not None:
-        ids.append(token)
-    return tuple(dict.fromkeys(int(i) for i in ids))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,10 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_num_batched_tokens=2048 if use_cuda else 256,
         max_model_len=model.config.max_position_embeddings,
     )
-    engine = Engine(model, tokenizer, config,
-                    eos_token_ids=eos_ids(directory, model.config.eos_token_ids, tokenizer))
+    generation = GenerationConfig.from_dir(directory, model.config.eos_token_ids, tokenizer)
+    engine = Engine(model, tokenizer, config, eos_token_ids=generation.eos_token_ids)
     provider = tracer_provider_from_env()
-    app = create_app(engine, model_name=name, tracer=install(provider))
+    app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)
     log.info("serving %s on http://%s:%d (%s, %s, %d KV blocks of %d tokens)", name, args.host,
              args.port, device, str(dtype).removeprefix("torch."), num_blocks, args.block_size)
     try:

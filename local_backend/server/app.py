@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from local_backend.chat_template import ChatTemplate, ChatTemplateError
 from local_backend.engine.loop import Engine, QueueFull, RequestOutput, RequestRejected
 from local_backend.engine.sampler import TokenLogprob
+from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request, error_middleware
 from local_backend.server.metrics import BackendMetrics
 from local_backend.server.protocol import ParsedRequest, ResponseBuilder, parse
@@ -39,13 +40,18 @@ class Backend:
     template: ChatTemplate
     metrics: BackendMetrics
     spans: SpanRecorder
+    defaults: GenerationConfig
 
 
 BACKEND = web.AppKey("backend", Backend)
 
 
 def create_app(
-    engine: Engine, *, model_name: str, tracer: trace.Tracer | None = None
+    engine: Engine,
+    *,
+    model_name: str,
+    tracer: trace.Tracer | None = None,
+    defaults: GenerationConfig | None = None,
 ) -> web.Application:
     tok = engine.tokenizer
     backend = Backend(
@@ -54,6 +60,7 @@ def create_app(
         template=ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token),
         metrics=BackendMetrics(engine.stats, model_name),
         spans=SpanRecorder(tracer or trace.get_tracer("local_backend")),
+        defaults=defaults or GenerationConfig(eos_token_ids=engine.eos_token_ids),
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024**2)
     app[BACKEND] = backend
@@ -125,7 +132,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from exc
-    req = parse(body, chat=chat)
+    req = parse(body, chat=chat, defaults=b.defaults)
     model = body.get("model")
     if model is not None and model != b.model_name:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves "

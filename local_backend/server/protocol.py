@@ -9,6 +9,7 @@ from typing import Any
 from local_backend.engine.loop import RequestOutput
 from local_backend.engine.sampler import TokenLogprob
 from local_backend.engine.sequence import SamplingParams
+from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import bad_request
 from local_backend.tokenizer import Tokenizer
 
@@ -46,7 +47,8 @@ def _int(body: dict[str, Any], key: str, default: int | None, lo: int) -> int | 
     return value
 
 
-def parse(body: Any, *, chat: bool) -> ParsedRequest:
+def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) -> ParsedRequest:
+    d = defaults or GenerationConfig()
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     if _int(body, "n", 1, 1) != 1:
@@ -84,9 +86,9 @@ def parse(body: Any, *, chat: bool) -> ParsedRequest:
     options = body.get("stream_options") or {}
     params = SamplingParams(
         max_tokens=int(max_tokens or 1),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-        top_k=int(_int(body, "top_k", 0, 0) or 0),
+        temperature=_number(body, "temperature", d.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", d.top_p, 1e-6, 1.0),
+        top_k=int(_int(body, "top_k", d.top_k, 0) or 0),
         seed=_int(body, "seed", None, -(2**63)),
         stop=stops,
         ignore_eos=bool(body.get("ignore_eos", False)),

@@ -170,3 +170,4 @@ async def test_models_and_health(serve: ServeFactory) -> None:
         str(served.server.make_url("/health"))
     ) as resp:
         assert resp.status == 200 and await resp.json() == {"status": "ok"}
+
