@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -54,7 +55,7 @@ class RequestOutput:
     token_ids: list[int]
     time: float  # monotonic time the newest token was produced
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | abort | error
+    finish_reason: str | None = None  # stop | length | abort | error | shutdown
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -162,10 +163,10 @@ class Engine:
             self._pending += 1
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         stop_ids = params.stop_token_ids or self.eos_token_ids
-        params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens,
-                                   "stop_token_ids": stop_ids})
+        params = dataclasses.replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids)
         seq = Sequence(request_id, list(prompt_ids), params,
                        Timings(arrival=self.clock() if arrival is None else arrival))
+        # Unbounded in type only: it holds at most one output per step, max_tokens + 1 in all.
         out: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))
         self._wake.set()
@@ -207,10 +208,15 @@ class Engine:
                 self._step()
             except Exception:  # a task supervisor: fail the requests, keep serving
                 log.exception("engine step failed; failing the requests in flight")
-                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                    self._finish(seq, "error", self.clock())
-                self._flush([self._final_output(s) for s in list(self._seqs.values())])
-                self._forget_finished()
+                self._end_all("error")
+        self._drain_inbox()
+        self._end_all("shutdown")  # nobody waits forever on an engine that stopped
+
+    def _end_all(self, reason: str) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._finish(seq, reason, self.clock())
+        self._flush([self._final_output(s) for s in list(self._seqs.values())])
+        self._forget_finished()
 
     def _drain_inbox(self) -> None:
         while True:

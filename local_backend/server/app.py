@@ -31,6 +31,15 @@ from local_backend.server.timing import (
 # Prompts longer than this are tokenised off the event loop.
 INLINE_TOKENIZE_CHARS = 4096
 RETRY_AFTER_S = 1
+ENGINE_FAILURES = ("error", "shutdown")
+
+
+def engine_failure(reason: str | None) -> ApiError:
+    if reason == "shutdown":
+        return ApiError(503, "the server is shutting down", type_="server_error",
+                        code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(500, "the engine failed while generating", type_="server_error",
+                    code="engine_error")
 
 
 @dataclass
@@ -196,9 +205,8 @@ async def _complete(
             parts.append(out.text)
             lps.extend(out.logprobs)
             if out.finished:
-                if out.finish_reason == "error":
-                    raise ApiError(500, "the engine failed while generating",
-                                   type_="server_error", code="engine_error")
+                if out.finish_reason in ENGINE_FAILURES:
+                    raise engine_failure(out.finish_reason)
                 metrics = _finish(b, builder, out)
                 body = builder.full("".join(parts), out, lps, metrics)
                 return web.Response(
@@ -236,9 +244,8 @@ async def _relay(
         final = batch[-1] if batch[-1].finished else None
         text = "".join(o.text for o in batch)
         lps = [lp for o in batch for lp in o.logprobs]
-        if final is not None and final.finish_reason == "error":
-            await send({"error": {"message": "the engine failed while generating",
-                                  "type": "server_error", "code": "engine_error", "param": None}})
+        if final is not None and final.finish_reason in ENGINE_FAILURES:
+            await send({"error": engine_failure(final.finish_reason).body()})
             break
         if text or lps or final is not None:
             merged = RequestOutput(builder.id, text, [], time.monotonic(), logprobs=lps,

@@ -27,10 +27,13 @@ class ApiError(Exception):
         )
         self.headers = headers or {}
 
+    def body(self) -> dict[str, str | None]:
+        return {"message": self.message, "type": self.type, "code": self.code,
+                "param": self.param}
+
     def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.type, "code": self.code,
-                          "param": self.param}}
-        return web.json_response(body, status=self.status, headers=self.headers)
+        return web.json_response({"error": self.body()}, status=self.status,
+                                 headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -98,3 +99,18 @@ async def test_prompt_longer_than_the_context_is_rejected(make_engine: EngineFac
     engine = make_engine(num_blocks=8, block_size=4)
     with pytest.raises(RequestRejected, match="28 tokens"):
         engine.add_request("too-long", prompt(9, 30), SamplingParams())
+
+
+async def test_stopping_the_engine_ends_every_request_in_flight(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(num_blocks=128)
+    outputs = engine.add_request("cut", prompt(10, 8), SamplingParams(
+        max_tokens=400, temperature=0.0, ignore_eos=True))
+    await outputs.get()
+    await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+    final = await asyncio.wait_for(outputs.get(), 5)
+    while not final.finished:
+        final = await asyncio.wait_for(outputs.get(), 5)
+    assert final.finish_reason == "shutdown"
+    assert engine.blocks.num_free == engine.blocks.num_blocks
