@@ -1,0 +1,67 @@
+"""tokenizer.json round trips, streaming detokenisation, and chat templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from local_backend.chat_template import ChatTemplate, ChatTemplateError
+from local_backend.demo import write_tokenizer
+from local_backend.tokenizer import Detokenizer, Tokenizer
+
+TEXT = "héllo wörld ✓ 你好 🙂!"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    directory = tmp_path_factory.mktemp("tok")
+    write_tokenizer(directory)
+    return Tokenizer.from_dir(directory)
+
+
+def test_encode_adds_bos_and_decode_drops_it(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode(TEXT)
+    assert ids[0] == tokenizer.token_id("<|begin_of_text|>")
+    assert tokenizer.decode(ids) == TEXT
+
+
+def test_streamed_deltas_never_split_a_character(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    detok = Detokenizer(tokenizer, tokenizer.encode("prompt"))
+    deltas = [detok.add(i) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == TEXT
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_special_tokens_come_from_tokenizer_config(tokenizer: Tokenizer) -> None:
+    assert tokenizer.bos_token == "<|begin_of_text|>"
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_chat_template_renders_chatml_with_content_parts(tokenizer: Tokenizer) -> None:
+    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token,
+                            eos_token=tokenizer.eos_token)
+    text = template.render([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text",
+                                                                    "text": "there"}]},
+    ])
+    assert text == ("<|begin_of_text|><|im_start|>system\nBe brief.<|im_end|>\n"
+                    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_template_raise_exception_becomes_a_chat_template_error() -> None:
+    template = ChatTemplate(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"
+        "{% endif %}", bos_token=None, eos_token=None,
+    )
+    with pytest.raises(ChatTemplateError, match="first must be user"):
+        template.render([{"role": "assistant", "content": "x"}])
+
+
+def test_missing_tokenizer_json_is_named(tmp_path: Path) -> None:
+    from local_backend.model.config import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json"):
+        Tokenizer.from_dir(tmp_path)
