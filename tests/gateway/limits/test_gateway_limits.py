@@ -172,3 +172,31 @@ async def test_a_dead_redis_neither_fails_nor_hangs_requests_and_is_used_again(
         await asyncio.sleep(0.02)
     await client.close()
     assert report["day"]["requests"] == 5
+
+
+async def test_fail_closed_answers_503_at_once_while_redis_is_down_then_recovers(
+        start_upstream: StartUpstream, start_gateway: StartGateway,
+        redis_server: RedisServer) -> None:
+    upstream = await start_upstream()
+    policy = limited_policy(upstream.url, store=redis_server.url)
+    policy["limits"]["on_store_error"] = "fail_closed"
+    gateway = await start_gateway(policy)
+    client = gateway.openai(timeout=5.0)
+    redis_server.kill()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert loop.time() - started < 2.0
+    assert caught.value.status_code == 503
+    assert caught.value.body["code"] == "rate_limit_store_unavailable"
+    assert len(upstream.received) == 0
+    redis_server.start()
+    for _ in range(300):
+        try:
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+            break
+        except openai.InternalServerError:
+            await asyncio.sleep(0.02)
+    await client.close()
+    assert len(upstream.received) == 1
