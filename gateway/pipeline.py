@@ -19,7 +19,6 @@ Observers are told `request_started`, `attempt_finished` after each try and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -185,17 +184,18 @@ class Pipeline:
                                  add_include_usage=ctx.stream and not ctx.client_wants_usage)
             attempt = Attempt(target=target)
             ctx.attempts.append(attempt)
-            slot = self.hooks.queue.slot(ctx, target)
-            async with contextlib.AsyncExitStack() as held:
-                try:
-                    await held.enter_async_context(
-                        ctx.telemetry.queued(target.backend_name, slot))
-                except BackendSaturated as refused:  # nothing sent yet: spill to the next
-                    ctx.attempts.pop()
-                    tried -= 1
-                    saturated.append(refused)
-                    unavailable.append(refused.message)
-                    continue
+            # Entered and left by hand, not through an AsyncExitStack (~5 µs a request):
+            # a refusal at the door moves on to the next candidate at no cost.
+            held = ctx.telemetry.queued(target.backend_name, self.hooks.queue.slot(ctx, target))
+            try:
+                await held.__aenter__()
+            except BackendSaturated as refused:  # nothing sent yet: spill to the next
+                ctx.attempts.pop()
+                tried -= 1
+                saturated.append(refused)
+                unavailable.append(refused.message)
+                continue
+            try:
                 ctx.target = target
                 # starts the upstream clock and span; injects this attempt's traceparent
                 traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
@@ -214,7 +214,13 @@ class Pipeline:
                     self._attempt_finished(ctx, attempt)
                     log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                              failure.error.message)
-                    continue
+                    result = None
+            except BaseException as exc:
+                await held.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+            await held.__aexit__(None, None, None)
+            if result is None:
+                continue
             traced.end()
             self._attempt_finished(ctx, attempt)
             return result

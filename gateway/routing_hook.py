@@ -17,10 +17,10 @@ request that runs under the new policy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -127,14 +127,14 @@ class RoutingHook:
         if started is None:
             return
         timing = ctx.timing
-        split = timing.split()
         total_ms = (timing.clock() - started) * 1000.0
         ttft_ms = network_ms = None
-        if split.ttft_ms is not None:  # a stream: first content token relayed
+        request_ttft_ms = timing.ttft_ms
+        if request_ttft_ms is not None:  # a stream: first content token relayed
             # The request's TTFT counts from its arrival; the backend's from the attempt.
-            ttft_ms = max(0.0, split.ttft_ms - (started - timing.start) * 1000.0)
+            ttft_ms = max(0.0, request_ttft_ms - (started - timing.start) * 1000.0)
             # An SSE server sends its headers before prefill: a fair round trip.
-            network_ms = split.upstream_first_byte_ms
+            network_ms = timing.upstream_first_byte_ms
         usage = ctx.usage or {}
         output = usage.get("completion_tokens") or usage.get("output_tokens") or 0
         output = output if isinstance(output, int) else 0
@@ -163,26 +163,42 @@ class _CountingSlots:
 
     def slot(self, ctx: RequestContext,
              target: ModelTarget) -> AbstractAsyncContextManager[None]:
-        return self._slot(ctx, target)
+        return _CountedSlot(self.hook.stats, self.inner.slot(ctx, target), ctx, target)
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, ctx: RequestContext, target: ModelTarget) -> AsyncIterator[None]:
-        stats = self.hook.stats
-        stats.request_started(target.key)
+
+class _CountedSlot:
+    """One attempt's count around the inner slot (a class: an @asynccontextmanager
+    generator per request cost a few µs)."""
+
+    __slots__ = ("_ctx", "_inner", "_stats", "_target")
+
+    def __init__(self, stats: LiveStats, inner: AbstractAsyncContextManager[None],
+                 ctx: RequestContext, target: ModelTarget) -> None:
+        self._stats, self._inner, self._ctx, self._target = stats, inner, ctx, target
+
+    async def __aenter__(self) -> None:
+        ctx, target = self._ctx, self._target
+        self._stats.request_started(target.key)
         try:
-            async with self.inner.slot(ctx, target):
-                ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
-                candidate = _candidate(ctx.decision, target.key)
-                if candidate is not None and target.backend.deployment == "dedicated":
-                    tokens = ctx.decision.features.input_tokens + \
-                        ctx.decision.features.output_tokens
-                    # µUSD per token is USD per million tokens: what settlement charges.
-                    ctx.state[PRICE_STATE] = candidate.cost_micro_usd / max(tokens, 1)
-                else:
-                    ctx.state.pop(PRICE_STATE, None)
-                yield
+            await self._inner.__aenter__()
+        except BaseException:
+            self._stats.request_finished(target.key)
+            raise
+        ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
+        candidate = _candidate(ctx.decision, target.key)
+        if candidate is not None and target.backend.deployment == "dedicated":
+            tokens = ctx.decision.features.input_tokens + ctx.decision.features.output_tokens
+            # µUSD per token is USD per million tokens: what settlement charges.
+            ctx.state[PRICE_STATE] = candidate.cost_micro_usd / max(tokens, 1)
+        else:
+            ctx.state.pop(PRICE_STATE, None)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: Any) -> bool | None:
+        try:
+            return await self._inner.__aexit__(kind, exc, traceback)
         finally:
-            stats.request_finished(target.key)
+            self._stats.request_finished(self._target.key)
 
 
 def _candidate(decision: object, key: str) -> Candidate | None:

@@ -43,8 +43,9 @@ class UpstreamAttempt:
 
     def responded(self, headers: Mapping[str, str], status: int = 200) -> None:
         """Upstream response headers arrived: first byte, and any timing they report."""
-        self._req.timings.upstream_first_byte()
-        self._req.timings.report(from_headers(headers))
+        timings = self._req.timings
+        timings.upstream_first_byte()
+        timings.report(from_headers(headers))
         if self.span.is_recording():
             self.span.set_attribute(a.HTTP_RESPONSE_STATUS_CODE, status)
 
@@ -106,5 +107,5 @@ class UpstreamAttempt:
             return
         self._ended = True
         self._req.timings.upstream_ended()
-        self._req.metrics.in_flight.labels(self._req.metrics.label("backend", self.backend)).dec()
+        self._req.metrics.in_flight_of(self.backend).dec()
         self.span.end()

@@ -89,6 +89,10 @@ class GatewayMetrics:
         self.multiprocess_dir = multiprocess_dir
         self.label = LabelGuard(max_label_values)
         self._children: dict[tuple[str, str, str, str, int], _RequestChildren] = {}
+        # Labelled children of the per-request gauges and the decision counter, kept
+        # (`labels()` locks and hashes on every call); bounded like `_children`.
+        self._per_backend: dict[tuple[str, str], Gauge] = {}
+        self._decision_children: dict[tuple[str, str, str], Counter] = {}
         r = self.registry
 
         def hist(name: str, doc: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
@@ -238,9 +242,32 @@ class GatewayMetrics:
         self.shed.labels(self.label("backend", backend), priority).inc()
 
     def observe_decision(self, route: str, backend: str, reason: str) -> None:
-        self.decisions.labels(
-            self.label("route", route), self.label("backend", backend), self.label("reason", reason)
-        ).inc()
+        key = (route, backend, reason)
+        child = self._decision_children.get(key)
+        if child is None:
+            if len(self._decision_children) >= MAX_CACHED_COMBINATIONS:
+                self._decision_children.clear()
+            child = self._decision_children[key] = self.decisions.labels(
+                self.label("route", route), self.label("backend", backend),
+                self.label("reason", reason))
+        child.inc()
+
+    def in_flight_of(self, backend: str) -> Gauge:
+        """`in_flight` for one backend (the labelled child, cached)."""
+        return self._backend_gauge("in_flight", self.in_flight, backend)
+
+    def queue_depth_of(self, backend: str) -> Gauge:
+        """`queue_depth` for one backend (the labelled child, cached)."""
+        return self._backend_gauge("queue_depth", self.queue_depth, backend)
+
+    def _backend_gauge(self, name: str, gauge: Gauge, backend: str) -> Gauge:
+        child = self._per_backend.get((name, backend))
+        if child is None:
+            if len(self._per_backend) >= MAX_CACHED_COMBINATIONS:
+                self._per_backend.clear()
+            child = self._per_backend[(name, backend)] = gauge.labels(
+                self.label("backend", backend))
+        return child
 
     def observe_fallback(self, route: str, from_backend: str, to_backend: str) -> None:
         self.fallbacks.labels(

@@ -18,8 +18,7 @@ line — once, whatever path the request took (success, error, disconnect).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +107,8 @@ class RequestTelemetry:
             self.requested_model = requested_model
         if stream is not None:
             self.stream = stream
+        if not self.trace.recording:
+            return
         self.trace.set({
             a.RG_TENANT: tenant, a.GEN_AI_REQUEST_MODEL: requested_model, a.RG_STREAM: stream,
             a.GEN_AI_OPERATION_NAME: OPERATIONS.get(operation, operation),
@@ -155,19 +156,20 @@ class RequestTelemetry:
     ) -> None:
         """The routing decision: attributes on the route span (and the root), one metric."""
         self.route, self.backend, self.model, self.reason = route, backend, model, reason
-        attributes = clean({
-            a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
-            a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms,
-            a.RG_PREDICTED_TOTAL_MS: predicted_total_ms,
-            a.RG_PREDICTED_COST_USD: predicted_cost_usd,
-            a.RG_CANDIDATES: candidates, a.RG_EXCLUDED: excluded,
-        })
+        self.metrics.observe_decision(route, backend, reason)
+        if not self.trace.recording:
+            return
         if span is not None and span.is_recording():
-            span.set_attributes(attributes)
+            span.set_attributes(clean({
+                a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
+                a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms,
+                a.RG_PREDICTED_TOTAL_MS: predicted_total_ms,
+                a.RG_PREDICTED_COST_USD: predicted_cost_usd,
+                a.RG_CANDIDATES: candidates, a.RG_EXCLUDED: excluded,
+            }))
         # The root repeats only the headline (each attribute costs the SDK a few µs).
         self.trace.set({a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
                         a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms})
-        self.metrics.observe_decision(route, backend, reason)
 
     def decided(self, span: Span | None, model: str, candidates: Sequence[Any],
                 decision: Any = None) -> None:
@@ -195,48 +197,19 @@ class RequestTelemetry:
             predicted_ttft_ms=getattr(primary, "ttft_ms", None),
             predicted_total_ms=getattr(primary, "total_ms", None),
             predicted_cost_usd=cost_micro / 1e6 if isinstance(cost_micro, int) else None,
-            candidates=[c.key for c in candidates],
-            excluded=[f"{e.key}: {e.reason}" for e in excluded] or None,
+            candidates=[c.key for c in candidates] if self.trace.recording else None,
+            excluded=([f"{e.key}: {e.reason}" for e in excluded] or None)
+            if self.trace.recording else None,
         )
 
-    @contextlib.asynccontextmanager
-    async def queue_wait(self, backend: str) -> AsyncIterator[Span]:
+    def queue_wait(self, backend: str) -> _QueueWait:
         """Around waiting for a backend slot: span, queue-depth gauge, and — unless the
         queue reported its own wait through `timings.add_wait("queue", …)` — the clock."""
-        gauge = self.metrics.queue_depth.labels(self.metrics.label("backend", backend))
-        span = self.trace.start("routegate.queue", {a.RG_BACKEND: backend})
-        reported_before = self.timings.queue_s
-        self.timings.queue_started()
-        gauge.inc()
-        try:
-            yield span
-        except BaseException as exc:
-            mark_error(span, exc)
-            raise
-        finally:
-            gauge.dec()
-            reported = self.timings.queue_s != reported_before
-            waited_s = self.timings.queue_ended()
-            if reported:  # the queue's own figure wins; do not count the wait twice
-                self.timings.queue_s -= waited_s
-            if span.is_recording():
-                span.set_attribute(a.RG_QUEUE_WAIT_MS, round(waited_s * 1000.0, 3))
-            span.end()
+        return _QueueWait(self, backend)
 
-    @contextlib.asynccontextmanager
-    async def queued(
-        self, backend: str, slot: AbstractAsyncContextManager[Any]
-    ) -> AsyncIterator[None]:
+    def queued(self, backend: str, slot: AbstractAsyncContextManager[Any]) -> _Queued:
         """Hold `slot` (a queue's context manager) with the wait for it traced."""
-        async with self.queue_wait(backend):
-            await slot.__aenter__()
-        try:
-            yield
-        except BaseException as exc:
-            if not await slot.__aexit__(type(exc), exc, exc.__traceback__):
-                raise
-        else:
-            await slot.__aexit__(None, None, None)
+        return _Queued(self, backend, slot)
 
     def upstream(self, target: Any, headers: MutableMapping[str, str] | None = None,
                  ) -> UpstreamAttempt:
@@ -258,7 +231,7 @@ class RequestTelemetry:
              a.RG_BACKEND: backend, a.RG_ATTEMPT: self.attempts,
              a.RG_FALLBACK: self.attempts > 1},
         )
-        self.metrics.in_flight.labels(self.metrics.label("backend", backend)).inc()
+        self.metrics.in_flight_of(backend).inc()
         self.timings.upstream_started()
         self.attempt = UpstreamAttempt(self, span, backend, model)
         if headers is not None:
@@ -323,15 +296,7 @@ class RequestTelemetry:
         # No status means an unexpected exception: the middleware answers 500.
         return self.finish(status if status is not None else 500, error_code=error_code)
 
-    def finish(self, status: int, *, error_code: str | None = None) -> TimingSplit:
-        """Close the request: root span, metrics, dashboard sample, access log (once)."""
-        if self.result is not None:
-            return self.result
-        if self.attempt is not None:
-            self.attempt.end()  # a disconnect may leave it open
-        self.timings.finish()
-        split = self.result = self.timings.split()
-        backend, model = self.backend or "", self.model or ""
+    def _root_attributes(self, split: TimingSplit) -> None:
         self.trace.set({
             a.GEN_AI_RESPONSE_MODEL: self.response_model, a.GEN_AI_RESPONSE_ID: self.response_id,
             a.GEN_AI_USAGE_INPUT_TOKENS: self.input_tokens,
@@ -342,6 +307,18 @@ class RequestTelemetry:
             a.RG_INFERENCE_MS: split.inference_ms, a.RG_TOTAL_MS: split.total_ms,
             a.RG_COST_USD: self.cost_usd,
         })
+
+    def finish(self, status: int, *, error_code: str | None = None) -> TimingSplit:
+        """Close the request: root span, metrics, dashboard sample, access log (once)."""
+        if self.result is not None:
+            return self.result
+        if self.attempt is not None:
+            self.attempt.end()  # a disconnect may leave it open
+        self.timings.finish()
+        split = self.result = self.timings.split()
+        backend, model = self.backend or "", self.model or ""
+        if self.trace.recording:
+            self._root_attributes(split)
         self.trace.end(status, error_code)
         self.metrics.observe_request(
             route=self.route or "", backend=backend, model=model, tenant=self.tenant or "",
@@ -363,3 +340,65 @@ class RequestTelemetry:
             timing=AccessRecord.timing_of(split),
         ))
         return split
+
+
+class _QueueWait:
+    """The queue wait as a class, not @asynccontextmanager (a generator per request)."""
+
+    __slots__ = ("_backend", "_gauge", "_reported_before", "_tel", "span")
+
+    def __init__(self, tel: RequestTelemetry, backend: str) -> None:
+        self._tel, self._backend = tel, backend
+
+    def begin(self) -> Span:
+        tel = self._tel
+        self._gauge = tel.metrics.queue_depth_of(self._backend)
+        self.span = tel.trace.start("routegate.queue", {a.RG_BACKEND: self._backend})
+        self._reported_before = tel.timings.queue_s
+        tel.timings.queue_started()
+        self._gauge.inc()
+        return self.span
+
+    def end(self, exc: BaseException | None) -> None:
+        timings, span = self._tel.timings, self.span
+        if exc is not None:
+            mark_error(span, exc)
+        self._gauge.dec()
+        reported = timings.queue_s != self._reported_before
+        waited_s = timings.queue_ended()
+        if reported:  # the queue's own figure wins; do not count the wait twice
+            timings.queue_s -= waited_s
+        if span.is_recording():
+            span.set_attribute(a.RG_QUEUE_WAIT_MS, round(waited_s * 1000.0, 3))
+        span.end()
+
+    async def __aenter__(self) -> Span:
+        return self.begin()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: object) -> None:
+        self.end(exc)
+
+
+class _Queued:
+    """`async with tel.queued(backend, slot)`: the slot held, the wait for it traced."""
+
+    __slots__ = ("_slot", "_wait")
+
+    def __init__(self, tel: RequestTelemetry, backend: str,
+                 slot: AbstractAsyncContextManager[Any]) -> None:
+        self._wait = _QueueWait(tel, backend)
+        self._slot = slot
+
+    async def __aenter__(self) -> None:
+        self._wait.begin()
+        try:
+            await self._slot.__aenter__()
+        except BaseException as exc:
+            self._wait.end(exc)
+            raise
+        self._wait.end(None)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: Any) -> bool | None:
+        return await self._slot.__aexit__(kind, exc, traceback)

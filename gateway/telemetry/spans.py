@@ -15,8 +15,7 @@ a cheap no-op, and an inbound `traceparent` is still forwarded upstream unchange
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry import trace
@@ -90,7 +89,28 @@ def tracer_of(provider: TracerProvider) -> Tracer:
 
 def extract_parent(headers: Mapping[str, str]) -> Context:
     """The caller's trace context from `traceparent`/`tracestate` (empty context if none)."""
+    if "traceparent" not in headers:  # the usual case: skip the propagator (~5 µs)
+        return Context()
     return _PROPAGATOR.extract(carrier=headers)
+
+
+class _Step:
+    """`with trace.step(...)`: a class, not @contextmanager (a generator per step cost
+    ~3 µs, three steps a request)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        return self.span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: object) -> None:
+        if exc is not None:
+            mark_error(self.span, exc)
+        self.span.end()
 
 
 class RequestTrace:
@@ -142,17 +162,9 @@ class RequestTrace:
             name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
         )
 
-    @contextmanager
-    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span]:
+    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> _Step:
         """A child span around one pipeline step; an exception marks it as an error."""
-        span = self.start(name, attributes)
-        try:
-            yield span
-        except BaseException as exc:
-            mark_error(span, exc)
-            raise
-        finally:
-            span.end()
+        return _Step(self.start(name, attributes))
 
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """The CLIENT span of one upstream attempt."""

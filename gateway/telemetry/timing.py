@@ -155,7 +155,8 @@ class RequestTimings:
         return self.split().server_timing()
 
     def report(self, report: InferenceReport) -> None:
-        self.inference = self.inference.merged(report)
+        if report is not UNKNOWN:  # the usual case for a backend that reports nothing
+            self.inference = self.inference.merged(report)
 
     def finish(self) -> None:
         if self.end_s is None:
@@ -165,6 +166,18 @@ class RequestTimings:
     @property
     def first_token_seen(self) -> bool:
         return self._first_token_s is not None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Arrival → first content token relayed (as in `split()`, without building one)."""
+        return _ms(self._first_token_s - self.start) if self._first_token_s is not None else None
+
+    @property
+    def upstream_first_byte_ms(self) -> float | None:
+        """The latest attempt's request sent → response headers (as in `split()`)."""
+        if self._first_byte_s is None or self._attempt_started_s is None:
+            return None
+        return _ms(self._first_byte_s - self._attempt_started_s)
 
     # result ----------------------------------------------------------------
     def split(self) -> TimingSplit:
@@ -178,24 +191,16 @@ class RequestTimings:
             upstream_s += now - self._upstream_started_s
         total_ms = _ms(now - self.start)
         queue_ms, upstream_ms = _ms(queue_s), _ms(upstream_s)
-        other = tuple((name, _ms(seconds)) for name, seconds in self.waits_s.items())
+        if self.waits_s:
+            other = tuple((name, _ms(seconds)) for name, seconds in self.waits_s.items())
+            other_ms = sum(ms for _, ms in other)
+        else:
+            other, other_ms = (), 0.0
         # gw is the remainder of the rounded figures, so the parts add up exactly.
-        gw_ms = round(max(total_ms - queue_ms - upstream_ms - sum(ms for _, ms in other), 0.0), 3)
-        first_byte_ms = None
-        if self._first_byte_s is not None and self._attempt_started_s is not None:
-            first_byte_ms = _ms(self._first_byte_s - self._attempt_started_s)
+        gw_ms = round(max(total_ms - queue_ms - upstream_ms - other_ms, 0.0), 3)
         return TimingSplit(
-            gw_ms=gw_ms,
-            queue_ms=queue_ms,
-            upstream_ms=upstream_ms,
-            total_ms=total_ms,
-            ttft_ms=(
-                _ms(self._first_token_s - self.start) if self._first_token_s is not None else None
-            ),
-            upstream_first_byte_ms=first_byte_ms,
-            inter_token_ms=self._inter_token_ms(),
-            inference=self.inference,
-            other_waits_ms=other,
+            gw_ms, queue_ms, upstream_ms, total_ms, self.ttft_ms, self.upstream_first_byte_ms,
+            self._inter_token_ms(), self.inference, other,
         )
 
     def _inter_token_ms(self) -> float | None:
