@@ -19,8 +19,10 @@ from gateway.auth import require_admin
 from gateway.errors import BadRequest
 from gateway.hooks import Hooks
 from gateway.limits.admission import HEADERS_KEY, LimitsAdmission
+from gateway.limits.failover import FailoverStore
 from gateway.limits.limiter import Limiter, LimitStoreUnavailable
 from gateway.limits.store import LimitStore, StoreUnavailable
+from gateway.limits.store_metrics import StoreCollector
 from gateway.limits.wiring import open_store, store_url
 from gateway.live_policy import LivePolicy
 
@@ -40,6 +42,8 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     if store is None:
         store = open_store(settings, url=store_url(settings, redis_url))
     limiter = Limiter(store) if clock is None else Limiter(store, clock=clock)
+    if isinstance(store, FailoverStore):
+        hooks.telemetry.metrics.registry.register(StoreCollector(store))
     app[LIMITER] = limiter
     app[_LIVE] = live
     hooks.admission = LimitsAdmission(limiter)

@@ -191,6 +191,12 @@ async def test_fail_closed_answers_503_at_once_while_redis_is_down_then_recovers
     assert caught.value.status_code == 503
     assert caught.value.body["code"] == "rate_limit_store_unavailable"
     assert len(upstream.received) == 0
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/metrics") as response:
+        metrics = await response.text()
+    assert "routegate_limit_store_up 0.0" in metrics
+    assert "routegate_limit_store_outages_total 1.0" in metrics
+    assert "routegate_limit_store_unavailable_rejections_total 1.0" in metrics
     redis_server.start()
     for _ in range(300):
         try:
