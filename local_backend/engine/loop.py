@@ -73,6 +73,8 @@ class EngineStats:
     num_blocks: int
     preemptions: int
     aborted: int  # requests cancelled before they finished (client gone)
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of those, tokens found there
 
 
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
@@ -139,6 +141,8 @@ class Engine:
             num_blocks=self.blocks.num_blocks,
             preemptions=self.scheduler.num_preemptions,
             aborted=self._aborted,
+            prefix_cache_queries=self.blocks.cache_queries,
+            prefix_cache_hits=self.blocks.cache_hits,
         )
 
     def add_request(

@@ -35,11 +35,17 @@ class _EngineCollector(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=labels)
             gauge.add_metric([self.model], value)
             yield gauge
-        preempt = CounterMetricFamily(
-            "vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", labels=labels
-        )
-        preempt.add_metric([self.model], s.preemptions)
-        yield preempt
+        for name, doc, count in (
+            ("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.",
+             s.preemptions),
+            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             s.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             s.prefix_cache_hits),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric([self.model], count)
+            yield counter
 
 
 class BackendMetrics:

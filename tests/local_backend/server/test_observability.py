@@ -20,6 +20,7 @@ async def test_metrics_use_vllm_names_and_count_tokens(serve: ServeFactory) -> N
         text = await resp.text()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                  "vllm:time_to_first_token_seconds_bucket",
                  "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_sum",
                  "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",

@@ -171,3 +171,38 @@ async def test_models_and_health(serve: ServeFactory) -> None:
     ) as resp:
         assert resp.status == 200 and await resp.json() == {"status": "ok"}
 
+
+
+async def test_non_stream_client_that_goes_away_aborts_its_request(serve: ServeFactory) -> None:
+    served = await serve(num_blocks=256)
+    engine = served.engine
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.ensure_future(http.post(served.url + "/completions", json={
+            "prompt": "a long one", "max_tokens": 400, "ignore_eos": True}))
+        for _ in range(1000):
+            if engine.stats().running == 1:
+                break
+            await asyncio.sleep(0.002)
+        request.cancel()  # closes the connection mid-request
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    for _ in range(400):
+        if engine.stats().aborted == 1:
+            break
+        await asyncio.sleep(0.005)
+    assert engine.stats().aborted == 1
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+async def test_chat_logprobs_list_the_chosen_token_and_alternatives(serve: ServeFactory) -> None:
+    served = await serve()
+    result = await served.client().chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    logprobs = result.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert len(logprobs.content) == 3
+    for entry in logprobs.content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy = top-1
