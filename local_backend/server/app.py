@@ -154,7 +154,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         raise ApiError(429, f"the server is busy: {exc}", type_="rate_limit_error",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
     except RequestRejected as exc:
-        raise bad_request(str(exc), "messages" if chat else "prompt") from exc
+        raise ApiError(400, str(exc), code="context_length_exceeded",
+                       param="messages" if chat else "prompt") from exc
     builder = ResponseBuilder(request_id, b.model_name, chat=chat, tokenizer=engine.tokenizer)
     parent = inbound_context(request.headers)
     try:

@@ -206,3 +206,13 @@ async def test_chat_logprobs_list_the_chosen_token_and_alternatives(serve: Serve
     for entry in logprobs.content:
         assert len(entry.top_logprobs) == 2
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy = top-1
+
+
+async def test_prompt_beyond_the_context_is_a_400_naming_the_limit(serve: ServeFactory) -> None:
+    served = await serve(num_blocks=8)  # 7 usable blocks of 4 tokens: a 28-token context
+    async with aiohttp.ClientSession() as http, http.post(
+        served.url + "/completions", json={"prompt": "x" * 40, "max_tokens": 2}
+    ) as resp:
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+    assert error["code"] == "context_length_exceeded" and "28 tokens" in error["message"]
