@@ -81,8 +81,9 @@ class MemoryStore:
         if budget.month_micros is not None and month.spend_micros >= budget.month_micros:
             return self._over_budget("budget_month", budget.month_micros, day, month)
 
+        if self.share != 1:  # limits as this replica's share, in decisions and headers alike
+            scopes = [self._scaled(scope) for scope in scopes]
         cutoff = now - WINDOW_S
-        share = self.share
         all_windows = self._windows
         windows: list[_Window] = []
         rejection: Rejection | None = None
@@ -97,9 +98,6 @@ class MemoryStore:
             if rejection is not None:
                 continue
             rpm, tpm = scope.requests_per_minute, scope.tokens_per_minute
-            if share != 1:
-                rpm = None if rpm is None else max(1, rpm // share)
-                tpm = None if tpm is None else max(1, tpm // share)
             count = len(entries)
             if rpm is not None and count >= rpm:
                 rejection = Rejection("requests", scope, rpm, count, 1,
@@ -127,6 +125,11 @@ class MemoryStore:
             for scope, window in zip(scopes, windows, strict=True)
         ])
         return Decision(reservation, rejection, states, day.spend_micros, month.spend_micros)
+
+    def _scaled(self, scope: Scope) -> Scope:
+        rpm, tpm = scope.requests_per_minute, scope.tokens_per_minute
+        return Scope(scope.key, None if rpm is None else max(1, rpm // self.share),
+                     None if tpm is None else max(1, tpm // self.share))
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:

@@ -102,3 +102,12 @@ async def test_spend_during_an_outage_reaches_the_redis_ledger(
     usage = await store.usage("acme", T0 + 2)
     await store.aclose()
     assert (usage.day.requests, usage.day.spend_micros) == (2, 300)
+
+
+async def test_local_decisions_report_the_share_in_their_states(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server, replicas=2)
+    redis_server.kill()
+    decision = await admit(store, "a")
+    await store.aclose()
+    assert decision.states[0].scope.requests_per_minute == 5
