@@ -274,6 +274,7 @@ class Engine:
             seq.timings.first_token = t
         seq.timings.last_token = t
         detok = self._detok[seq.request_id]
+        before = len(seq.text)
         reason: str | None = None
         if token in params.stop_token_ids and not params.ignore_eos:
             reason = "stop"
@@ -284,7 +285,10 @@ class Engine:
                 reason = "length"
                 seq.text += detok.flush()
         if params.stop:
-            cut = min((i for s in params.stop if (i := seq.text.find(s)) >= 0), default=-1)
+            # Only a match that ends in the new text is new: search from just before it.
+            start = max(0, before - max(len(s) for s in params.stop) + 1)
+            found = (i for s in params.stop if (i := seq.text.find(s, start)) >= 0)
+            cut = min(found, default=-1)
             if cut >= 0:
                 seq.text, reason = seq.text[:cut], "stop"
         hold = 0 if reason else max((len(s) for s in params.stop), default=1) - 1
