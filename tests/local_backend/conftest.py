@@ -17,8 +17,17 @@ from local_backend.model.config import LlamaConfig
 from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer
 
-torch.set_flush_denormal(True)
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _flush_denormals() -> Any:
+    # The engine runs with flush-to-zero, as the server does. The mode is
+    # process-wide, so it is switched off again: other suites in the same
+    # pytest process (hypothesis float strategies) need IEEE subnormals.
+    torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(False)
 
 TINY: dict[str, Any] = {
     "model_type": "llama",
