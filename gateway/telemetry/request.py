@@ -60,6 +60,7 @@ class RequestTelemetry:
             headers=headers,
             attributes={a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path,
                         a.RG_REQUEST_ID: request_id},
+            children=telemetry.children,
         )
         self.request_id, self.method, self.path = request_id, method, path
         self.record_content = record_content

@@ -9,6 +9,7 @@ from typing import IO
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 
 from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.light_span import ChildSpans
 from gateway.telemetry.live import LiveStats
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.request import RequestTelemetry
@@ -32,6 +33,7 @@ class Telemetry:
         # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
         self.provider: TracerProvider = provider or NoOpTracerProvider()
         self.tracer = tracer_of(self.provider)
+        self.children = ChildSpans.for_tracer(self.tracer)  # None: the no-op or another SDK
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
         self.live = live or LiveStats()

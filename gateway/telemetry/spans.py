@@ -23,6 +23,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.telemetry.light_span import ChildSpans
+
 TRACER_NAME = "routegate.gateway"
 
 # OpenTelemetry GenAI semantic conventions (gen_ai.*).
@@ -116,7 +118,7 @@ class _Step:
 class RequestTrace:
     """The spans of one request. Create one per request; `end()` closes the root."""
 
-    __slots__ = ("_inbound", "_root", "_root_ctx", "_tracer", "recording")
+    __slots__ = ("_children", "_inbound", "_root", "_root_ctx", "_tracer", "recording")
 
     def __init__(
         self,
@@ -125,14 +127,19 @@ class RequestTrace:
         name: str,
         headers: Mapping[str, str],
         attributes: Mapping[str, Any] | None = None,
+        children: ChildSpans | None = None,
     ) -> None:
+        """`children`: the cheap path for child spans (`light_span.py`); without it they
+        go through `tracer.start_span` like the root."""
         self._tracer = tracer
+        self._children = children
         self._inbound = extract_parent(headers)
         self._root: Span = self._tracer.start_span(
             name, context=self._inbound, kind=SpanKind.SERVER, attributes=clean(attributes or {})
         )
-        self._root_ctx = trace.set_span_in_context(self._root)
         self.recording = self._root.is_recording()
+        # Children are only started under a recording root (see start()).
+        self._root_ctx = trace.set_span_in_context(self._root) if self.recording else None
 
     @property
     def root(self) -> Span:
@@ -158,6 +165,9 @@ class RequestTrace:
             # skip the SDK entirely; the root's own non-recording span stands in (its end()
             # is a no-op) and still carries the trace id and the "not sampled" flag upstream.
             return self._root
+        if self._children is not None:
+            return self._children.start(name, self._root.get_span_context(), SpanKind.INTERNAL,
+                                        clean(attributes) if attributes else {})
         return self._tracer.start_span(
             name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
         )
@@ -170,6 +180,9 @@ class RequestTrace:
         """The CLIENT span of one upstream attempt."""
         if not self.recording:
             return self._root  # see start()
+        if self._children is not None:
+            return self._children.start(name, self._root.get_span_context(), SpanKind.CLIENT,
+                                        clean(attributes) if attributes else {})
         return self._tracer.start_span(
             name, context=self._root_ctx, kind=SpanKind.CLIENT,
             attributes=clean(attributes) if attributes else None,

@@ -1,0 +1,133 @@
+"""Child spans of a traced request, recorded as plain values and handed to the span
+processor as finished `ReadableSpan`s.
+
+The SDK's `Tracer.start_span` costs ~45 µs a span on this path (sampler, id
+generator, a `Span` with its lock, attribute validation, `on_start` of every
+processor), and a request has five children. Their parent is the request's root,
+which the SDK has already sampled, so none of that is needed for them: a
+`LightSpan` takes two clock readings, keeps its attributes in a dict, and at
+`end()` gives the processor (batch export, or a test's in-memory exporter) the same
+`ReadableSpan` the SDK would have. The root itself stays an SDK span, so sampling
+and inbound `traceparent` handling are the SDK's.
+
+Attribute values are the gateway's own (str, bool, int, float, lists of those;
+callers drop `None` with `spans.clean`), so they are not validated again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from time import time_ns
+from typing import Any
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import (
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
+from opentelemetry.util.types import Attributes, AttributeValue
+
+_UNSET = Status(StatusCode.UNSET)
+
+
+def _value(value: Any) -> Any:
+    """Lists become tuples, as the SDK stores them (a span's attributes are immutable)."""
+    return tuple(value) if isinstance(value, list) else value
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+class ChildSpans:
+    """What a `LightSpan` needs from the SDK tracer: its processor, resource, scope and
+    span ids. `for_tracer` returns None for anything but the SDK's tracer (the no-op
+    API tracer, another SDK), and the caller keeps the ordinary path."""
+
+    __slots__ = ("_new_span_id", "_on_end", "_resource", "_scope")
+
+    def __init__(self, on_end: Callable[[ReadableSpan], None], resource: Any, scope: Any,
+                 new_span_id: Callable[[], int]) -> None:
+        self._on_end, self._resource, self._scope = on_end, resource, scope
+        self._new_span_id = new_span_id
+
+    @classmethod
+    def for_tracer(cls, tracer: Tracer) -> ChildSpans | None:
+        processor = getattr(tracer, "span_processor", None)
+        ids = getattr(tracer, "id_generator", None)
+        scope = getattr(tracer, "_instrumentation_scope", None)
+        if processor is None or ids is None or scope is None:
+            return None
+        return cls(processor.on_end, getattr(tracer, "resource", None), scope,
+                   ids.generate_span_id)
+
+    def start(self, name: str, parent: SpanContext, kind: SpanKind,
+              attributes: dict[str, Any]) -> LightSpan:
+        context = SpanContext(parent.trace_id, self._new_span_id(), False, _SAMPLED,
+                              parent.trace_state)
+        return LightSpan(self, name, context, parent, kind, attributes)
+
+    def emit(self, span: LightSpan, end_ns: int) -> None:
+        self._on_end(ReadableSpan(
+            span.name, span.context, span.parent, self._resource, span.attributes,
+            tuple(span.events), (), span.kind, None, span.status, span.start_ns, end_ns,
+            self._scope))
+
+
+class LightSpan(Span):
+    __slots__ = ("_ended", "_sink", "attributes", "context", "events", "kind", "name",
+                 "parent", "start_ns", "status")
+
+    def __init__(self, sink: ChildSpans, name: str, context: SpanContext, parent: SpanContext,
+                 kind: SpanKind, attributes: dict[str, Any]) -> None:
+        self.start_ns = time_ns()
+        self._sink, self.name, self.context, self.parent = sink, name, context, parent
+        self.kind = kind
+        self.attributes = {key: _value(value) for key, value in attributes.items()}
+        self.events: list[Event] = []
+        self.status = _UNSET
+        self._ended = False
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if not self._ended:
+            self.attributes[key] = _value(value)
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if not self._ended:
+            for key, value in attributes.items():
+                self.attributes[key] = _value(value)
+
+    def add_event(self, name: str, attributes: Attributes = None,
+                  timestamp: int | None = None) -> None:
+        if not self._ended:
+            self.events.append(Event(name, attributes, timestamp or time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        return None  # the gateway's children have no links
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if not self._ended:
+            self.status = status if isinstance(status, Status) else Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Attributes = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        self.add_event("exception", {"exception.type": type(exception).__name__,
+                                     "exception.message": str(exception)[:200]}, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._sink.emit(self, end_time or time_ns())
+
