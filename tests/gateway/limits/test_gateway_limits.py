@@ -82,7 +82,7 @@ async def test_a_stream_cancelled_after_10_tokens_is_charged_10_tokens(
         response = await session.post(gateway.base_url + "/chat/completions", json=body)
         seen = 0
         async for line in response.content:
-            if b'"content":"w' in line:
+            if b'"content":"' in line and b'"content":""' not in line:
                 seen += 1
                 if seen == 10:
                     break
