@@ -118,7 +118,8 @@ class _Step:
 class RequestTrace:
     """The spans of one request. Create one per request; `end()` closes the root."""
 
-    __slots__ = ("_children", "_inbound", "_root", "_root_ctx", "_tracer", "recording")
+    __slots__ = ("_children", "_inbound", "_pending", "_root", "_root_ctx", "_tracer",
+                 "recording")
 
     def __init__(
         self,
@@ -133,6 +134,9 @@ class RequestTrace:
         go through `tracer.start_span` like the root."""
         self._tracer = tracer
         self._children = children
+        # The root's attributes are gathered here and set in one call at end(): each
+        # set_attributes call on an SDK span takes its lock and re-validates.
+        self._pending: dict[str, Any] = {}
         self._inbound = extract_parent(headers)
         self._root: Span = self._tracer.start_span(
             name, context=self._inbound, kind=SpanKind.SERVER, attributes=clean(attributes or {})
@@ -155,8 +159,12 @@ class RequestTrace:
         return f"{inbound.trace_id:032x}" if inbound.is_valid else None
 
     def set(self, attributes: Mapping[str, Any]) -> None:
+        """Attributes for the root span (None values are left out), set when it ends."""
         if self.recording:
-            self._root.set_attributes(clean(attributes))
+            pending = self._pending
+            for key, value in attributes.items():
+                if value is not None:
+                    pending[key] = value
 
     def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """A child of the root (INTERNAL); the caller ends it."""
@@ -201,11 +209,13 @@ class RequestTrace:
 
     def end(self, status_code: int, error_type: str | None = None) -> None:
         if self.recording:
-            self._root.set_attribute(HTTP_RESPONSE_STATUS_CODE, status_code)
+            pending = self._pending
+            pending[HTTP_RESPONSE_STATUS_CODE] = status_code
             if status_code >= 500 or error_type:
-                self._root.set_attribute(ERROR_TYPE, error_type or str(status_code))
+                pending[ERROR_TYPE] = error_type or str(status_code)
                 if status_code >= 500:
                     self._root.set_status(Status(StatusCode.ERROR))
+            self._root.set_attributes(pending)
         self._root.end()
 
 

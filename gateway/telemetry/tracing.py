@@ -139,12 +139,28 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
     return exporters
 
 
+class _HashedResource(Resource):
+    """A `Resource` that hashes once. The OTLP encoder groups every exported span by its
+    resource, and `Resource.__hash__` serialises all the attributes to JSON each time
+    (~4 µs a span, on the same core as the requests). Resources are immutable."""
+
+    def __init__(self, attributes: dict[str, str], schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+
 def resource_from_env(env: Mapping[str, str], default_service: str) -> Resource:
     attributes: dict[str, str] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"))
     service = (env.get("OTEL_SERVICE_NAME") or "").strip()
     attributes["service.name"] = service or attributes.get("service.name") or default_service
     # Resource() rather than Resource.create(): create() reads os.environ itself.
-    return Resource(attributes)
+    return _HashedResource(attributes)
 
 
 def tracer_provider_from_env(
