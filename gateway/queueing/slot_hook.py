@@ -17,7 +17,7 @@ its priority is its tenant's (`tenants.<name>.priority`, else `defaults.priority
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from time import perf_counter
 
 from gateway.context import RequestContext
@@ -25,6 +25,7 @@ from gateway.errors import DeadlinePassed, NoBackendAvailable
 from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
 from gateway.queueing.fair_share import Priority
 from gateway.queueing.queues import BackendQueues
+from gateway.queueing.slots import Ticket
 from policies.load import ModelTarget
 from routing.features import TTFT_BUDGET_HEADER, FeatureError, tightened
 
@@ -52,27 +53,8 @@ class QueueSlotHook:
     def __init__(self, queues: BackendQueues) -> None:
         self.queues = queues
 
-    @contextlib.asynccontextmanager
-    async def slot(self, ctx: RequestContext, target: ModelTarget) -> AsyncIterator[None]:
-        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
-        try:
-            ticket = await self.queues.acquire(
-                self.queues.queue_key(target), tenant=tenant,
-                priority=priority_of(ctx, tenant), deadline=self.deadline(ctx))
-        except QueueRejected as exc:
-            raise BackendSaturated(f"{target.key} is saturated ({exc})",
-                                   retry_after_s=exc.retry_after_s) from exc
-        except QueueDeadlinePassed as exc:
-            raise DeadlinePassed(
-                f"The request's time-to-first-token budget ran out after it waited "
-                f"{exc.waited_s:.2f} s in the queue for backend '{target.backend_name}'."
-            ) from exc
-        ctx.timing.add_wait("queue", ticket.waited_s)
-        ctx.state[QUEUE_STATE] = ticket
-        try:
-            yield
-        finally:
-            ticket.release()
+    def slot(self, ctx: RequestContext, target: ModelTarget) -> _Slot:
+        return _Slot(self, ctx, target)
 
     def deadline(self, ctx: RequestContext) -> float | None:
         """Arrival + TTFT budget, on the queue's clock; None when the request has no budget."""
@@ -91,3 +73,38 @@ class QueueSlotHook:
 def priority_of(ctx: RequestContext, tenant: str) -> Priority:
     spec = ctx.policy.file.tenants.get(tenant)
     return spec.priority if spec is not None else ctx.policy.file.defaults.priority
+
+
+class _Slot:
+    """One attempt's place in its backend's queue (a class rather than an
+    @asynccontextmanager: no generator per request)."""
+
+    __slots__ = ("_ctx", "_hook", "_target", "_ticket")
+
+    def __init__(self, hook: QueueSlotHook, ctx: RequestContext, target: ModelTarget) -> None:
+        self._hook, self._ctx, self._target = hook, ctx, target
+        self._ticket: Ticket | None = None
+
+    async def __aenter__(self) -> None:
+        ctx, target, queues = self._ctx, self._target, self._hook.queues
+        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+        try:
+            ticket = await queues.acquire(
+                queues.queue_key(target), tenant=tenant,
+                priority=priority_of(ctx, tenant), deadline=self._hook.deadline(ctx))
+        except QueueRejected as exc:
+            raise BackendSaturated(f"{target.key} is saturated ({exc})",
+                                   retry_after_s=exc.retry_after_s) from exc
+        except QueueDeadlinePassed as exc:
+            raise DeadlinePassed(
+                f"The request's time-to-first-token budget ran out after it waited "
+                f"{exc.waited_s:.2f} s in the queue for backend '{target.backend_name}'."
+            ) from exc
+        ctx.timing.add_wait("queue", ticket.waited_s)
+        ctx.state[QUEUE_STATE] = ticket
+        self._ticket = ticket
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: object) -> None:
+        if self._ticket is not None:
+            self._ticket.release()
