@@ -68,6 +68,7 @@ class ModelSpec(FileModel):
     input_usd_per_mtok: NonNegativeFloat = 0.0
     output_usd_per_mtok: NonNegativeFloat = 0.0
     context_tokens: PositiveInt | None = None
+    max_concurrency: PositiveInt | None = None  # a queue of its own, inside the backend's
     priors: LatencyPriors = LatencyPriors()
 
 
@@ -131,6 +132,7 @@ class Route(FileModel):
     latency_budget: LatencyBudget = LatencyBudget()
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
     expected_output_tokens: PositiveInt = 256  # until a running mean exists
+    limits: Limits | None = None  # per tenant on this route, inside the tenant's limits
 
 
 PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
@@ -185,6 +187,7 @@ class Tenant(FileModel):
     limits: Limits | None = None  # None: `defaults.limits`
     key_limits: Limits | None = None  # per API key, inside the tenant's limits
     budget: Budget = Budget()
+    queue_weight: PositiveFloat = 1.0  # fair share against other tenants of its priority
 
 
 class AnonymousAccess(FileModel):

@@ -44,7 +44,6 @@ from gateway.limits.store import (
     StoreUnavailable,
 )
 from policies.load import Policy
-from policies.schema import Limits
 
 
 class RequestsLimitExceeded(RateLimited):
@@ -104,9 +103,9 @@ class Limiter:
             key_limits = spec.key_limits
             scopes.append(Scope(f"key:{key_hash.removeprefix('sha256:')[:16]}",
                                 key_limits.requests_per_minute, key_limits.tokens_per_minute))
-        # Per-route limits apply once the policy's routes carry a `limits` block.
-        route_limits = getattr(policy.routes.get(route), "limits", None) if route else None
-        if isinstance(route_limits, Limits):
+        route_spec = policy.routes.get(route) if route else None
+        route_limits = route_spec.limits if route_spec is not None else None
+        if route_limits is not None:
             scopes.append(Scope(f"route:{route}", route_limits.requests_per_minute,
                                 route_limits.tokens_per_minute))
         return tuple(scopes)

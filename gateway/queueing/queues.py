@@ -57,10 +57,12 @@ class BackendQueues:
 
     def apply_policy(self, policy: Policy) -> None:
         """Take limits from a (re)loaded policy; waiters already queued keep their place."""
+        self._weights.update(
+            (name, tenant.queue_weight) for name, tenant in policy.file.tenants.items())
         for target in policy.targets.values():
-            model_limit = getattr(target.spec, "max_concurrency", None)  # when the schema has it
-            if model_limit is not None:
-                self.set_limit(target.key, model_limit, service_prior_s=_service_prior_s(target))
+            if target.spec.max_concurrency is not None:
+                self.set_limit(target.key, target.spec.max_concurrency,
+                               service_prior_s=_service_prior_s(target))
         for name, backend in policy.file.backends.items():
             if not backend.enabled:
                 continue

@@ -35,6 +35,7 @@ backends:
       llama: {{}}
 routes:
   chat: {{targets: [openai/gpt-4o-mini]}}
+  batch: {{targets: [local/llama], limits: {{requests_per_minute: 1}}}}
 tenants:
   acme:
     api_keys: ["{KEY}"]
@@ -188,3 +189,10 @@ def test_dedicated_backends_cost_their_gpu_hour_over_measured_throughput(policy)
     assert cost_micros(target.backend, target.spec, 600, 400, measured_tokens_per_s=1000) == 1000
     assert cost_micros(target.backend, target.spec, 600, 400,
                        amortised_price_usd_per_mtok=2.5) == 2500
+
+
+async def test_per_route_limits_apply_inside_the_tenant(limiter, policy) -> None:
+    await limiter.admit(policy, "acme", tokens=10, route="batch")
+    with pytest.raises(RequestsLimitExceeded):
+        await limiter.admit(policy, "acme", tokens=10, route="batch")
+    await limiter.admit(policy, "acme", tokens=10, route="chat")  # other routes unaffected

@@ -72,3 +72,46 @@ async def test_reloaded_policy_without_a_limit_stops_queueing(clock: ManualClock
     queues.apply_policy(policy(None))
     await h.arrive_all("c")
     assert h.granted == ["a", "b", "c"]
+
+
+def test_a_model_with_its_own_max_concurrency_gets_its_own_queue() -> None:
+    loaded = loads("""
+version: 1
+backends:
+  local:
+    type: openai
+    url: http://127.0.0.1:9/v1
+    max_concurrency: 8
+    models:
+      big: {max_concurrency: 2}
+      small: {}
+""", environ={})
+    queues = BackendQueues.from_policy(loaded)
+    assert queues.queue_key(loaded.targets["local/big"]) == "local/big"
+    assert queues.snapshot("local/big").limit == 2
+    assert queues.queue_key(loaded.targets["local/small"]) == "local"
+
+
+async def test_tenant_queue_weights_come_from_the_policy(clock: ManualClock) -> None:
+    loaded = loads("""
+version: 1
+backends:
+  local: {type: openai, url: "http://127.0.0.1:9/v1", max_concurrency: 1, models: {demo: {}}}
+tenants:
+  gold: {queue_weight: 3}
+  bronze: {}
+""", environ={})
+    queues = BackendQueues(clock=clock)
+    queues.apply_policy(loaded)
+    h = Harness(queues, "local")
+    await h.arrive_all("holder")
+    for i in range(20):
+        h.arrive(f"gold-{i}", tenant="gold")
+        h.arrive(f"bronze-{i}", tenant="bronze")
+    await settle()
+    await h.finish("holder")
+    while len(h.granted) < 21:  # each finished slot goes straight to the next waiter
+        await h.finish(h.granted[-1])
+    served = [label.split("-")[0] for label in h.granted[1:21]]
+    # Weight 3 against 1: gold gets three of every four slots.
+    assert served.count("gold") == 15
