@@ -1,0 +1,77 @@
+"""The direct OTLP encoder writes exactly what the OpenTelemetry exporter's encoder writes."""
+
+from __future__ import annotations
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, Status, StatusCode
+
+from gateway.telemetry.otlp_encode import OtlpEncoder
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.tracing import FastOtlpHttpExporter, resource_from_env
+from tests.gateway.telemetry.fake_clock import FakeClock
+from tests.gateway.telemetry.scripted_request import scripted_request
+
+INBOUND = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def recording(resource: Resource) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def decoded(spans: list[ReadableSpan]) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest.FromString(OtlpEncoder().request(spans))
+
+
+async def test_a_gateway_request_encodes_as_the_sdk_encodes_it() -> None:
+    provider, exporter = recording(resource_from_env({}, "routegate"))
+    telemetry = Telemetry(provider=provider)
+    await scripted_request(telemetry, FakeClock())  # events, decision lists, timings
+    await scripted_request(telemetry, FakeClock(), headers={"traceparent": INBOUND},
+                           status=503)  # remote parent, error status
+    spans = list(exporter.get_finished_spans())
+    assert decoded(spans) == encode_spans(spans)
+
+
+def test_every_value_type_links_and_several_resources_and_scopes() -> None:
+    provider, exporter = recording(Resource({"service.name": "a", "n": 3}))
+    other, other_exporter = recording(Resource({"service.name": "b"}))
+    tracer = provider.get_tracer("one", "1.0")
+    linked = tracer.start_span("linked")
+    linked.end()
+    span = tracer.start_span("values", links=[Link(linked.get_span_context(), {"k": "v"})],
+                             attributes={"s": "x", "b": False, "i": -5, "big": 2**40,
+                                         "f": 1.5, "ls": ["a", "b"], "li": [1, 2],
+                                         "lf": [0.5], "lb": [True], "long": "y" * 500})
+    span.add_event("e", {"at": 1})
+    span.set_status(Status(StatusCode.ERROR, "broken"))
+    span.end()
+    provider.get_tracer("two").start_span("second scope").end()
+    other.get_tracer("one").start_span("second resource").end()
+    spans = [*exporter.get_finished_spans(), *other_exporter.get_finished_spans()]
+    assert decoded(spans) == encode_spans(spans)
+
+
+def test_repeated_attribute_pairs_are_encoded_from_the_cache_identically() -> None:
+    provider, exporter = recording(resource_from_env({}, "routegate"))
+    tracer = provider.get_tracer("t")
+    for value in ("POST", "POST", "GET"):
+        tracer.start_span("s", attributes={"http.request.method": value}).end()
+    encoder = OtlpEncoder()
+    spans = list(exporter.get_finished_spans())
+    first = encoder.request(spans)
+    assert encoder.request(spans) == first
+    assert ExportTraceServiceRequest.FromString(first) == encode_spans(spans)
+
+
+def test_the_http_exporter_from_the_environment_uses_it() -> None:
+    exporter = FastOtlpHttpExporter(endpoint="http://127.0.0.1:1/v1/traces")
+    assert isinstance(exporter._encoder, OtlpEncoder)
+    exporter.shutdown()
