@@ -48,7 +48,7 @@ from gateway.live_policy import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
-from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.pool import UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("routegate.pipeline")
 
@@ -162,7 +162,8 @@ class Pipeline:
                 ctx.upstream_headers[name] = headers[name]
 
     def route(self, ctx: RequestContext) -> None:
-        ctx.candidates = self.hooks.router(ctx)
+        # an Anthropic backend has no /embeddings: routing never picks what cannot serve
+        ctx.candidates = self.pool.serving(ctx.endpoint.path, self.hooks.router(ctx))
         if not ctx.candidates:
             raise NoBackendAvailable(f"No backend can serve '{ctx.model}' now.")
 
@@ -233,7 +234,7 @@ class Pipeline:
             observer.attempt_finished(ctx, attempt)
 
     async def relay_body(self, ctx: RequestContext,
-                         response: aiohttp.ClientResponse) -> web.Response:
+                         response: UpstreamResponse) -> web.Response:
         name = ctx.target.backend_name if ctx.target else "?"
         try:
             data = await response.read()
@@ -258,7 +259,7 @@ class Pipeline:
         return web.Response(status=status, body=data, headers=headers)
 
     async def relay_stream(self, ctx: RequestContext,
-                           response: aiohttp.ClientResponse) -> web.StreamResponse:
+                           response: UpstreamResponse) -> web.StreamResponse:
         name = ctx.target.backend_name if ctx.target else "?"
         relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
         ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced

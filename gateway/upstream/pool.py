@@ -7,25 +7,69 @@ client sees in its 503.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from gateway.errors import BadRequest
+from gateway.upstream.anthropic import AnthropicUpstream, unsupported_message
 from gateway.upstream.openai import OpenAIUpstream
-from policies.load import Policy
+from policies.load import ModelTarget, Policy
 from policies.schema import Backend
+
+# Adapter per backend `type`; every one serves chat completions.
+ADAPTERS: dict[str, type[OpenAIUpstream]] = {"openai": OpenAIUpstream,
+                                             "anthropic": AnthropicUpstream}
+# The endpoint paths (relative to /v1) a backend type can serve, where not all of them.
+ENDPOINTS_BY_TYPE = {"anthropic": frozenset({"/chat/completions"})}
+
+
+class UpstreamBody(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class UpstreamResponse(Protocol):
+    """What the pipeline reads from an adapter: an aiohttp response, or an adapter's
+    OpenAI-shaped view of another API's response."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def content(self) -> UpstreamBody: ...
+    async def read(self) -> bytes: ...
+    def release(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """One backend's adapter, whatever API it speaks."""
+
+    backend: Backend
+    base_url: str
+
+    async def open(self, path: str, body: bytes,
+                   headers: Mapping[str, str] | None = None) -> UpstreamResponse: ...
+    async def close(self) -> None: ...
 
 
 class UpstreamPool:
     def __init__(self) -> None:
-        self._adapters: dict[str, OpenAIUpstream] = {}
+        self._adapters: dict[str, Upstream] = {}
         self._launched_urls: dict[str, str] = {}
         self._down_reasons: dict[str, str] = {}
-        self._retired: list[OpenAIUpstream] = []  # replaced by a reload; closed at shutdown
+        self._retired: list[Upstream] = []  # replaced by a reload; closed at shutdown
 
-    def get(self, name: str, backend: Backend) -> OpenAIUpstream | None:
+    def get(self, name: str, backend: Backend) -> Upstream | None:
         """The adapter for `backend` as the current policy describes it, or None."""
         adapter = self._adapters.get(name)
         if adapter is not None and (adapter.backend is backend or adapter.backend == backend):
             adapter.backend = backend  # identity check is the fast path next time
             return adapter
-        if backend.type != "openai":
+        kind = ADAPTERS.get(backend.type)
+        if kind is None:
             self._down_reasons.setdefault(name, f"no adapter for backend type '{backend.type}'")
             return None
         url = backend.url or self._launched_urls.get(name)
@@ -33,8 +77,18 @@ class UpstreamPool:
             return None
         if adapter is not None:
             self._retired.append(adapter)
-        adapter = self._adapters[name] = OpenAIUpstream(name, backend, url)
+        adapter = self._adapters[name] = kind(name, backend, url)
         return adapter
+
+    @staticmethod
+    def serving(path: str, candidates: Sequence[ModelTarget]) -> Sequence[ModelTarget]:
+        """The candidates whose backend type has `path` (`/embeddings`); a 400 naming the
+        backend when none has, so a route mixing types still falls back to one that can."""
+        able = [target for target in candidates
+                if path in ENDPOINTS_BY_TYPE.get(target.backend.type, (path,))]
+        if candidates and not able:
+            raise BadRequest(unsupported_message(candidates[0].backend_name, path))
+        return able
 
     def unavailable_reason(self, name: str) -> str:
         return self._down_reasons.get(name, f"backend '{name}' has no URL yet")
@@ -60,7 +114,7 @@ class UpstreamPool:
         for name, backend in policy.file.backends.items():
             if not backend.enabled:
                 continue
-            ready = backend.type == "openai" and (backend.url or name in self._launched_urls)
+            ready = backend.type in ADAPTERS and (backend.url or name in self._launched_urls)
             report[name] = "ready" if ready else self.unavailable_reason(name)
         return report
 
