@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.api.anthropic import add_routes as add_anthropic_routes
 from gateway.api.openai import PIPELINE, add_routes
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
@@ -56,6 +57,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
+    add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -24,6 +24,19 @@ class Endpoint:
     name: str  # "chat.completions", "completions", "embeddings"
     path: str  # relative to the backend's base URL (which ends in /v1)
     check: Callable[[Body], None]  # raises BadRequest naming the param
+    # Another API served through this one (Anthropic Messages through chat completions):
+    # its request becomes this endpoint's body, and the stream written back is re-encoded.
+    dialect: Dialect | None = None
+
+
+class Dialect(Protocol):
+    def request(self, body: Body) -> Body:
+        """The client's body → this endpoint's body; raises BadRequest."""
+        ...
+
+    def stream_encoder(self) -> Callable[[bytes], bytes]:
+        """A fresh per-response encoder of the SSE bytes the pipeline writes."""
+        ...
 
 
 @dataclass(slots=True)

@@ -4,6 +4,8 @@
     authenticate    API key → tenant                              (gateway.auth)
     read_body       size limit (Content-Length first, then the actual bytes)
     parse           orjson once; validate the fields we need; model must exist
+                    (an endpoint's `dialect` — Anthropic Messages — becomes a chat body
+                    here, and its stream is re-encoded as it is written back)
     admit           hooks.admission.admit       ← rate limits   (gateway/limits)
     route           hooks.router                ← routing.decide (ordered candidates)
     forward         per candidate: hooks.queue.slot ← queueing; upstream call; relay
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 import orjson
@@ -30,7 +32,7 @@ from aiohttp import web
 from gateway.api.rewrite import upstream_body
 from gateway.api.validate import model_name
 from gateway.auth import Authenticator
-from gateway.context import Attempt, Endpoint, RequestContext
+from gateway.context import Attempt, Dialect, Endpoint, RequestContext
 from gateway.errors import (
     TIMING_KEY,
     BadRequest,
@@ -145,6 +147,10 @@ class Pipeline:
                              code="invalid_json") from exc
         if not isinstance(body, dict):
             raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+        dialect = ctx.endpoint.dialect
+        if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
+            body = dialect.request(body)
+            ctx.raw = orjson.dumps(body)
         ctx.body = body
         ctx.model = model_name(body)
         ctx.endpoint.check(body)
@@ -278,31 +284,32 @@ class Pipeline:
             client.headers["X-Request-Id"] = ctx.request_id
             client.headers["Server-Timing"] = ctx.timing.header()
             await client.prepare(ctx.request)
+            write = _writer(client, ctx.endpoint.dialect)
             ctx.bytes_sent = True
             ctx.status = 200
             try:
                 out = relay.feed(first)
                 ctx.telemetry.relayed(out)
-                await client.write(out)
+                await write(out)
                 try:
                     while data := await content.readany():
                         out = relay.feed(data)
                         if out:
                             ctx.telemetry.relayed(out)
-                            await client.write(out)
+                            await write(out)
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     failure = (UpstreamTimeout if isinstance(exc, TimeoutError)
                                else UpstreamError)(
                         f"Backend '{name}' failed mid-stream: {exc!r}.")
                     ctx.error = failure
-                    await client.write(error_event(failure.body()))
+                    await write(error_event(failure.body()))
                 else:
                     finished = True
                 ctx.usage = relay.usage
                 ctx.telemetry.final_chunk(relay.usage_chunk)
                 ctx.timing.upstream_finished()
                 tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
-                await client.write(tail + DONE_EVENT if relay.done else tail)
+                await write(tail + DONE_EVENT if relay.done else tail)
                 await client.write_eof()
             except ConnectionResetError:  # the client went away between two writes
                 ctx.status = CLIENT_CLOSED
@@ -331,6 +338,19 @@ class Pipeline:
             return RateLimited(summary, headers=headers)
         error = last.error.__class__(summary)
         return error
+
+
+def _writer(client: web.StreamResponse,
+            dialect: Dialect | None) -> Callable[[bytes], Awaitable[None]]:
+    """`client.write`, or for another API's endpoint, a write of the re-encoded stream."""
+    if dialect is None:
+        return client.write
+    encode = dialect.stream_encoder()
+
+    async def write(data: bytes) -> None:
+        await client.write(encode(data))
+
+    return write
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

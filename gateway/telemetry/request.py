@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 # The gateway's endpoint names → GenAI `gen_ai.operation.name` values.
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion",
-              "embeddings": "embeddings"}
+              "embeddings": "embeddings", "messages": "chat"}
 
 
 class RequestTelemetry:

@@ -1,0 +1,127 @@
+"""The Anthropic Messages API surface: `POST /v1/messages`, `POST /v1/messages/count_tokens`.
+
+A Messages request runs through the same pipeline as a chat completion (auth, limits,
+routing, queues, telemetry, fallback) as the chat body `chat_request` makes of it, so
+any backend can serve it: an OpenAI-compatible one, or an Anthropic one (whose adapter
+translates to the Messages API again). What goes back is Anthropic's wire format: a
+`message` JSON, the event stream (re-encoded as the pipeline writes it), and errors as
+`{"type": "error", "error": {"type", "message"}}`, so the official `anthropic` SDK
+works with only `base_url` changed. Keys arrive as `x-api-key` (or Bearer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.api.anthropic_translate import (
+    EventEncoder,
+    chat_request,
+    error_body,
+    message,
+    openai_error_message,
+)
+from gateway.api.openai import PIPELINE
+from gateway.api.validate import check_chat, model_name
+from gateway.context import Endpoint
+from gateway.errors import BadRequest, GatewayError, ModelNotFound, PayloadTooLarge
+from gateway.routing_hook import ROUTING
+
+log = logging.getLogger("routegate.api.anthropic")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MessagesDialect:
+    """The Messages API as spoken through the chat-completions pipeline."""
+
+    def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        return chat_request(body)
+
+    def stream_encoder(self) -> Callable[[bytes], bytes]:
+        return EventEncoder().feed
+
+
+MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect())
+
+
+def _json(body: object, status: int = 200, headers: dict[str, str] | None = None,
+          ) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body),
+                        content_type="application/json", headers=headers)
+
+
+def anthropic_errors(handler: Handler) -> Handler:
+    """Render a `GatewayError` in Anthropic's error shape (the middleware would render
+    OpenAI's), keeping its status and headers (`Retry-After`, `x-ratelimit-*`)."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            log.log(logging.WARNING if exc.status >= 500 else logging.INFO,
+                    "%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
+            headers = dict(exc.headers)
+            request_id = headers.get("X-Request-Id")
+            if request_id:
+                headers["request-id"] = request_id
+            return _json(error_body(exc.status, exc.message, request_id), exc.status, headers)
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+@anthropic_errors
+async def create_message(request: web.Request) -> web.StreamResponse:
+    response = await request.app[PIPELINE].handle(request, MESSAGES)
+    if response.prepared or not isinstance(response, web.Response):
+        return response  # streamed: already re-encoded as Messages events
+    data = response.body if isinstance(response.body, bytes) else b""
+    request_id = response.headers.get("X-Request-Id", "")
+    headers = {name: value for name, value in response.headers.items()
+               if name.lower() not in ("content-type", "content-length")}
+    headers["request-id"] = request_id
+    if response.status >= 400:  # a backend's own error, relayed with its status
+        text = openai_error_message(data) or data[:300].decode(errors="replace")
+        return _json(error_body(response.status, text, request_id), response.status, headers)
+    try:
+        completion = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict):
+        return _json(error_body(502, "The backend's response was not a chat completion.",
+                                request_id), 502, headers)
+    return _json(message(completion), response.status, headers)
+
+
+@anthropic_errors
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    """An estimate with the gateway's own BPE tables (the ones routing budgets with),
+    not the model's tokenizer: close for English text, not exact."""
+    pipeline = request.app[PIPELINE]
+    policy = pipeline.live.current
+    pipeline.auth.authenticate(request, policy)
+    limit = policy.file.server.max_body_bytes
+    if (request.content_length or 0) > limit:
+        raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request ({exc}).") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    chat = chat_request(body, counting=True)
+    model = model_name(chat)
+    if policy.resolve_model(model) is None:
+        raise ModelNotFound(f"model: {model}", param="model")
+    return _json({"input_tokens": request.app[ROUTING].tokens.count_request(chat)})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
