@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import openai
 import pytest
 
+from gateway.settings import Settings
+from policies.load import load
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.anthropic_upstream import AnthropicBehaviour, FakeAnthropic
 from tests.gateway.anthropic.conftest import MODEL, UPSTREAM_KEY, StartAnthropic, anthropic_policy
 
+DEFAULT_POLICY = Path(__file__).parents[3] / "policies" / "default.yaml"
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Say hello to the fake."}]
 
@@ -231,3 +236,16 @@ async def test_readyz_counts_an_anthropic_backend_as_ready(
             gateway.url + "/readyz") as response:
         assert response.status == 200
         assert (await response.json())["backends"] == {"claude": "ready"}
+
+
+async def test_the_default_policys_anthropic_backend_works_once_its_key_is_set(
+        anthropic_upstream: FakeAnthropic, start_gateway: StartGateway) -> None:
+    policy = load(DEFAULT_POLICY, environ={"ANTHROPIC_API_KEY": UPSTREAM_KEY,
+                                           "ANTHROPIC_BASE_URL": anthropic_upstream.url})
+    gateway = await start_gateway(policy, Settings(port=0, supervise=False))
+
+    reply = await gateway.openai().chat.completions.create(
+        model="anthropic/claude-haiku-4-5", messages=MESSAGES)
+
+    assert reply.choices[0].message.content == "Hello from the fake Anthropic upstream."
+    assert anthropic_upstream.received[-1].json["model"] == "claude-haiku-4-5"
