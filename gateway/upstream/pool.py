@@ -84,6 +84,8 @@ class UpstreamPool:
     def serving(path: str, candidates: Sequence[ModelTarget]) -> Sequence[ModelTarget]:
         """The candidates whose backend type has `path` (`/embeddings`); a 400 naming the
         backend when none has, so a route mixing types still falls back to one that can."""
+        if path == "/chat/completions":  # every adapter serves it: the hot path, no scan
+            return candidates
         able = [target for target in candidates
                 if path in ENDPOINTS_BY_TYPE.get(target.backend.type, (path,))]
         if candidates and not able:

@@ -11,7 +11,7 @@ import pytest
 from gateway.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.anthropic_upstream import AnthropicBehaviour, FakeAnthropic
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.anthropic.conftest import MODEL, StartAnthropic, anthropic_policy
 
 GATEWAY_KEY = "sk-gw-acme"
@@ -219,3 +219,20 @@ async def test_count_tokens_estimates_the_input(
 
     assert 5 <= short.input_tokens < longer.input_tokens
     assert openai_upstream.received == []
+
+
+async def test_a_backend_failing_mid_stream_ends_the_stream_with_an_error_event(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    dying = await start_upstream(Behaviour(drop_after_chunks=2))
+    gateway = await start_gateway(keyed(single_backend_policy(dying.url)))
+    received = []
+
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        async with client(gateway).messages.stream(
+                model="chat", max_tokens=64, messages=MESSAGES) as stream:
+            async for piece in stream.text_stream:
+                received.append(piece)
+
+    assert len(received) == 2
+    assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    assert "mid-stream" in caught.value.body["error"]["message"]  # type: ignore[index]
