@@ -42,7 +42,7 @@ async def test_each_request_is_one_json_line_on_the_stream() -> None:
 
 async def test_buffered_lines_reach_the_stream_within_the_flush_interval() -> None:
     sink = _Sink()
-    telemetry = Telemetry(access_log=AccessLog(stream=io.BufferedWriter(sink, 1 << 16)))
+    telemetry = Telemetry(access_log=AccessLog(stream=io.BufferedWriter(sink, 1 << 16)))  # type: ignore[type-var]
     app = web.Application()
     install_telemetry(app, telemetry)
     runner = web.AppRunner(app)
@@ -61,7 +61,7 @@ async def test_buffered_lines_reach_the_stream_within_the_flush_interval() -> No
 
 async def test_shutdown_flushes_what_is_still_buffered() -> None:
     sink = _Sink()
-    telemetry = Telemetry(access_log=AccessLog(stream=io.BufferedWriter(sink, 1 << 16)))
+    telemetry = Telemetry(access_log=AccessLog(stream=io.BufferedWriter(sink, 1 << 16)))  # type: ignore[type-var]
     await scripted_request(telemetry, FakeClock())
     telemetry.shutdown()
     assert orjson.loads(bytes(sink.written))["status"] == 200
