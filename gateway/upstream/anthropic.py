@@ -109,6 +109,8 @@ class AnthropicUpstream(OpenAIUpstream):
             self._headers["x-api-key"] = backend.api_key.get_secret_value()
         self._messages_path = "/messages" if self.base_url.endswith("/v1") else "/v1/messages"
 
+    # Returns the OpenAI-shaped view, not the aiohttp response the base class returns;
+    # the pipeline reads both through `pool.UpstreamResponse`.
     async def open(self, path: str, body: bytes,  # type: ignore[override]
                    headers: Mapping[str, str] | None = None) -> AnthropicResponse:
         if path != CHAT_PATH:
