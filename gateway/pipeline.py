@@ -47,7 +47,7 @@ from gateway.errors import (
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
-from gateway.queueing.slot_hook import BackendSaturated
+from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
 from gateway.upstream.pool import UpstreamPool, UpstreamResponse
@@ -76,7 +76,8 @@ class Pipeline:
         try:
             with tel.step("routegate.auth"):
                 self.authenticate(ctx)
-            tel.identify(tenant=ctx.identity.tenant if ctx.identity else None)
+            tenant = ctx.identity.tenant if ctx.identity else None
+            tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None)
             await self.read_body(ctx)
             self.parse(ctx)
             tel.identify(requested_model=ctx.model, stream=ctx.stream,

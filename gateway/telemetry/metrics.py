@@ -88,7 +88,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess_dir = multiprocess_dir
         self.label = LabelGuard(max_label_values)
-        self._children: dict[tuple[str, str, str, str, int], _RequestChildren] = {}
+        self._children: dict[tuple[str, str, str, str, int, str], _RequestChildren] = {}
         # Labelled children of the per-request gauges and the decision counter, kept
         # (`labels()` locks and hashes on every call); bounded like `_children`.
         self._per_backend: dict[tuple[str, str], Gauge] = {}
@@ -111,7 +111,7 @@ class GatewayMetrics:
         )
         self.queue_wait = hist(
             "queue_wait_seconds", "Wait in the gateway's per-backend queue for a slot.",
-            ["backend"], LATENCY_BUCKETS_S,
+            ["backend", "priority"], LATENCY_BUCKETS_S,
         )
         self.upstream_first_byte = hist(
             "upstream_first_byte_seconds", "Upstream request sent → upstream response headers.",
@@ -179,12 +179,13 @@ class GatewayMetrics:
         tenant: str,
         status: int,
         split: TimingSplit,
+        priority: str = "normal",
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         cost_usd: float | None = None,
     ) -> None:
         """Everything one finished request contributes; unknown figures are skipped."""
-        c = self._request_children(route, backend, model, tenant, status)
+        c = self._request_children(route, backend, model, tenant, status, priority)
         c.duration.observe(split.total_ms / 1000.0)
         c.requests.inc()
         c.overhead.observe(split.gw_ms / 1000.0)
@@ -206,11 +207,12 @@ class GatewayMetrics:
             c.spend.inc(cost_usd)
 
     def _request_children(
-        self, route: str, backend: str, model: str, tenant: str, status: int
+        self, route: str, backend: str, model: str, tenant: str, status: int,
+        priority: str = "normal",
     ) -> _RequestChildren:
         """The labelled series of one label combination, looked up once and kept:
         `labels()` takes a lock and hashes every call (~3 µs × 12 per request)."""
-        key = (route, backend, model, tenant, status)
+        key = (route, backend, model, tenant, status, priority)
         children = self._children.get(key)
         if children is None:
             if len(self._children) >= MAX_CACHED_COMBINATIONS:
@@ -224,7 +226,7 @@ class GatewayMetrics:
                 duration=self.request_duration.labels(route, backend, model, tenant, code),
                 requests=self.requests.labels(route, backend, model, tenant, code),
                 overhead=self.gateway_overhead.labels(route, backend),
-                queue=self.queue_wait.labels(backend) if backend else None,
+                queue=self.queue_wait.labels(backend, g("priority", priority)) if backend else None,
                 first_byte=self.upstream_first_byte.labels(backend, model),
                 ttft=self.ttft.labels(route, backend, model),
                 inter_token=self.inter_token.labels(backend, model),

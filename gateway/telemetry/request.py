@@ -65,6 +65,7 @@ class RequestTelemetry:
         self.request_id, self.method, self.path = request_id, method, path
         self.record_content = record_content
         self.tenant: str | None = None
+        self.priority = "normal"  # the tenant's queue band: a label of queue waits and sheds
         self.route: str | None = None
         self.backend: str | None = None
         self.model: str | None = None
@@ -96,6 +97,7 @@ class RequestTelemetry:
         self,
         *,
         tenant: str | None = None,
+        priority: str | None = None,
         requested_model: str | None = None,
         stream: bool | None = None,
         operation: str = "chat",
@@ -104,6 +106,8 @@ class RequestTelemetry:
     ) -> None:
         if tenant is not None:
             self.tenant = tenant
+        if priority is not None:
+            self.priority = priority
         if requested_model is not None:
             self.requested_model = requested_model
         if stream is not None:
@@ -119,10 +123,10 @@ class RequestTelemetry:
             ),
         })
 
-    def rejected(self, kind: str, *, limit: str | None = None, priority: str = "normal") -> None:
+    def rejected(self, kind: str, *, limit: str | None = None, priority: str | None = None) -> None:
         """Refused before an upstream call: kind = rate_limit | budget | shed."""
         if kind == "shed":
-            self.metrics.observe_shed(self.backend or "", priority)
+            self.metrics.observe_shed(self.backend or "", priority or self.priority)
         else:
             self.metrics.observe_rejection(self.tenant or "", limit or kind)
         self._telemetry.live.rejected(kind)
@@ -323,7 +327,7 @@ class RequestTelemetry:
         self.trace.end(status, error_code)
         self.metrics.observe_request(
             route=self.route or "", backend=backend, model=model, tenant=self.tenant or "",
-            status=status, split=split, input_tokens=self.input_tokens,
+            priority=self.priority, status=status, split=split, input_tokens=self.input_tokens,
             output_tokens=self.output_tokens, cost_usd=self.cost_usd,
         )
         live = self._telemetry.live
@@ -354,7 +358,7 @@ class _QueueWait:
     def begin(self) -> Span:
         tel = self._tel
         self._gauge = tel.metrics.queue_depth_of(self._backend)
-        self.span = tel.trace.start("routegate.queue", {a.RG_BACKEND: self._backend})
+        self.span = tel.trace.start("routegate.queue.wait", {a.RG_BACKEND: self._backend})
         self._reported_before = tel.timings.queue_s
         tel.timings.queue_started()
         self._gauge.inc()

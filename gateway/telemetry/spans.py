@@ -4,7 +4,7 @@
     ├── routegate.auth
     ├── routegate.rate_limit
     ├── routegate.route                 decision attributes (backend, reason, predictions)
-    ├── routegate.queue                 wait for a backend slot
+    ├── routegate.queue.wait            wait for a backend slot
     └── chat <model>                    CLIENT  (one per attempt; event "gen_ai.first_token")
             └── engine.queue / engine.prefill / engine.decode   (the backend's own spans)
 

@@ -164,3 +164,19 @@ async def test_admin_can_read_every_queue(
     assert queues["local"]["limit"] == 4
     assert queues["local"]["counters"]["admitted_at_once"] == 1
     assert set(queues["local"]["waiting_by_priority"]) == {"high", "normal", "low"}
+
+
+async def test_queue_wait_is_a_histogram_per_backend_and_priority(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream()
+    gateway = await start_gateway(policy({"local": backend(fake.url)}, tenants={
+        "batch": {"api_keys": [key_hash("k-low")], "priority": "low"},
+        "interactive": {"api_keys": [key_hash("k-high")], "priority": "high"},
+    }))
+    assert (await post(gateway, "a", key="k-low"))[0] == 200
+    assert (await post(gateway, "b", key="k-high"))[0] == 200
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/metrics") as r:
+        exposition = await r.text()
+    for priority in ("low", "high"):
+        assert (f'routegate_queue_wait_seconds_count{{backend="local",priority="{priority}"}} 1.0'
+                in exposition)

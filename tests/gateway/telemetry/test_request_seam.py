@@ -161,7 +161,7 @@ async def test_queued_traces_the_wait_for_a_slot_and_releases_it() -> None:
     await task
     assert slot.exited == 1
     assert tel.split().queue_ms == pytest.approx(25)
-    (queue,) = [s for s in spans.get_finished_spans() if s.name == "routegate.queue"]
+    (queue,) = [s for s in spans.get_finished_spans() if s.name == "routegate.queue.wait"]
     assert dict(queue.attributes or {})["routegate.queue.wait_ms"] == pytest.approx(25)
 
 

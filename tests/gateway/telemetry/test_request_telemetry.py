@@ -49,7 +49,7 @@ async def test_one_root_server_span_with_a_child_per_step(
     root = finished["POST /v1/chat/completions"]
     assert root.kind is SpanKind.SERVER
     assert root.parent is None
-    children = ["routegate.auth", "routegate.rate_limit", "routegate.route", "routegate.queue",
+    children = ["routegate.auth", "routegate.rate_limit", "routegate.route", "routegate.queue.wait",
                 "chat llama"]
     for name in children:
         parent = finished[name].parent
