@@ -155,7 +155,8 @@ class Pipeline:
         ctx.body = body
         ctx.model = model_name(body)
         ctx.endpoint.check(body)
-        if ctx.policy.resolve_model(ctx.model) is None:
+        tenant = ctx.identity.tenant if ctx.identity is not None else None
+        if ctx.policy.resolve_model(ctx.model, tenant) is None:
             raise ModelNotFound(
                 f"The model '{ctx.model}' does not exist; GET /v1/models lists the routes "
                 "and models you can use.", param="model")

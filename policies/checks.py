@@ -43,6 +43,7 @@ def check(policy: PolicyFile, locate: Locate, source: str) -> Findings:
     _check_backends(policy, found)
     _check_routes(policy, found)
     _check_keys(policy, found)
+    _check_tenant_routes(policy, found)
     _check_compliance(policy, found)
     return found
 
@@ -85,6 +86,17 @@ def _check_routes(policy: PolicyFile, found: Findings) -> None:
             found.warn(("routes", route_name, "targets"),
                        f"every target of route `{route_name}` is on a disabled backend; "
                        "clients asking for it get 404")
+
+
+def _check_tenant_routes(policy: PolicyFile, found: Findings) -> None:
+    routes = list(policy.routes)
+    for tenant_name, tenant in policy.tenants.items():
+        for asked, served in tenant.routes.items():
+            for name, path in ((asked, ("tenants", tenant_name, "routes", asked)),
+                               (served, ("tenants", tenant_name, "routes", asked))):
+                if name not in policy.routes:
+                    found.error(path, f"route `{name}` does not exist",
+                                did_you_mean(name, routes))
 
 
 def _check_keys(policy: PolicyFile, found: Findings) -> None:

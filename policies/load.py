@@ -51,8 +51,15 @@ class Policy:
     admin_key_hashes: frozenset[str]
     warnings: tuple[PolicyIssue, ...] = field(default=())
 
-    def resolve_model(self, requested: str) -> str | None:
-        """The route name or target key a client's `model` names, or None."""
+    def resolve_model(self, requested: str, tenant: str | None = None) -> str | None:
+        """The route name or target key a client's `model` names, or None.
+
+        A tenant's `routes` override sends its requests for one route to another
+        (premium tenants asking for `chat` are served by `chat-fast`)."""
+        if tenant is not None:
+            spec = self.file.tenants.get(tenant)
+            if spec is not None and requested in spec.routes:
+                requested = spec.routes[requested]
         if requested in self.routes or requested in self.targets:
             return requested
         return None

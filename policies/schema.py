@@ -188,6 +188,7 @@ class Tenant(FileModel):
     key_limits: Limits | None = None  # per API key, inside the tenant's limits
     budget: Budget = Budget()
     queue_weight: PositiveFloat = 1.0  # fair share against other tenants of its priority
+    routes: dict[str, str] = {}  # asked-for route → the route that serves this tenant
 
 
 class AnonymousAccess(FileModel):

@@ -90,7 +90,7 @@ def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise FeatureError("`model` is required", param="model")
-    route_name = policy.resolve_model(model)
+    route_name = policy.resolve_model(model, tenant)
     if route_name is None:
         raise FeatureError(f"the model {model!r} does not exist", param="model")
     route = route_for(policy, route_name)

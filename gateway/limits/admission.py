@@ -81,7 +81,8 @@ class LimitsAdmission:
         tenant = identity.tenant if identity is not None else "anonymous"
         input_tokens = self.tokens.count_request(ctx.body)
         ctx.state[INPUT_TOKENS_STATE] = input_tokens
-        route = ctx.model if ctx.model in ctx.policy.routes else None
+        served = ctx.policy.resolve_model(ctx.model, tenant)
+        route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
             ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx),
             key_hash=identity.key_hash if identity is not None else None, route=route)

@@ -233,3 +233,17 @@ def test_broken_file_is_reported_at_its_exact_place(case: Broken) -> None:
 
 def test_there_are_at_least_thirty_broken_files() -> None:
     assert len(CASES) >= 30
+
+
+def test_a_tenant_route_override_must_name_existing_routes() -> None:
+    text = BACKENDS + """routes:
+  chat: {targets: [local/llama]}
+tenants:
+  acme:
+    routes: {chat: chat-fsat}
+"""
+    with pytest.raises(PolicyError) as caught:
+        loads(text, environ={})
+    (issue,) = caught.value.issues
+    assert issue.field_path == "tenants.acme.routes.chat"
+    assert "chat-fsat" in issue.message

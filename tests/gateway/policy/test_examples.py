@@ -39,6 +39,8 @@ CASES = [
     ("premium-fastest.yaml", PLAIN, "hooli", (), "local/llama-3.1-8b", {}),
     ("premium-fastest.yaml", chat("Summarise Hamlet.", model="chat-fast"), "initech", (),
      "fast/llama-3.3-70b", {"openai/gpt-4o-mini": "latency_budget"}),
+    ("premium-fastest.yaml", PLAIN, "initech", (),  # asks for `chat`, served by `chat-fast`
+     "fast/llama-3.3-70b", {"openai/gpt-4o-mini": "latency_budget"}),
     ("multi-provider-fallback.yaml", PLAIN, None, (), "openai/gpt-4o-mini", {}),
 ]
 
