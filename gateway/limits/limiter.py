@@ -13,8 +13,8 @@ produced.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -84,12 +84,42 @@ def _usd(micros: int) -> str:
     return f"${micros / MICROS_PER_USD:,.6f}".rstrip("0")
 
 
+# Entries kept per policy version by `Limiter._limits_for`; their keys come from the
+# policy (tenants, key hashes, routes), so this only bounds a pathological policy.
+LIMITS_CACHE_ENTRIES = 4096
+
+
+def _reservation_id() -> str:
+    """128 random bits as hex: unique like a uuid4, at a third of its cost."""
+    return os.urandom(16).hex()
+
+
 class Limiter:
     def __init__(self, store: LimitStore, *, clock: Callable[[], float] = time.time,
-                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+                 new_id: Callable[[], str] = _reservation_id) -> None:
         self.store = store
         self._clock = clock
         self._new_id = new_id
+        # (tenant, key hash, route) → (scopes, budget), for `_limits_policy` only: both
+        # derive from the policy alone, so a reload (a new Policy object) starts afresh.
+        self._limits_policy: Policy | None = None
+        self._limits: dict[tuple[str, str | None, str | None],
+                           tuple[tuple[Scope, ...], BudgetLimits]] = {}
+
+    def _limits_for(self, policy: Policy, tenant: str, key_hash: str | None,
+                    route: str | None) -> tuple[tuple[Scope, ...], BudgetLimits]:
+        """`scopes_for` and `budget_for`, computed once per policy version (~8 µs a
+        request otherwise: pydantic attribute walks, f-strings and dataclass inits)."""
+        if policy is not self._limits_policy:
+            self._limits_policy, self._limits = policy, {}
+        key = (tenant, key_hash, route)
+        found = self._limits.get(key)
+        if found is None:
+            if len(self._limits) >= LIMITS_CACHE_ENTRIES:
+                self._limits.clear()
+            found = self._limits[key] = (self.scopes_for(policy, tenant, key_hash, route),
+                                         self.budget_for(policy, tenant))
+        return found
 
     @staticmethod
     def scopes_for(policy: Policy, tenant: str, key_hash: str | None = None,
@@ -121,8 +151,7 @@ class Limiter:
     async def admit(self, policy: Policy, tenant: str, *, tokens: int,
                     key_hash: str | None = None, route: str | None = None) -> Ticket:
         now = self._clock()
-        scopes = self.scopes_for(policy, tenant, key_hash, route)
-        budget = self.budget_for(policy, tenant)
+        scopes, budget = self._limits_for(policy, tenant, key_hash, route)
         try:
             decision = await self.store.admit(tenant, scopes, tokens, budget, now, self._new_id())
         except StoreUnavailable as exc:
