@@ -53,17 +53,20 @@ class TimingSplit:
 
     def server_timing(self) -> str:
         """The `Server-Timing` header value (durations in ms, as the spec defines)."""
-        parts: list[tuple[str, float | None]] = [
-            ("gw", self.gw_ms),
-            ("queue", self.queue_ms),
-            *self.other_waits_ms,
-            ("upstream-fb", self.upstream_first_byte_ms),
-            ("upstream", self.upstream_ms),
-            ("ttft", self.ttft_ms),
-            ("inference", self.inference_ms),
-            ("total", self.total_ms),
-        ]
-        return ", ".join(f"{name};dur={value:.3f}" for name, value in parts if value is not None)
+        # Formatted piece by piece, not from a list of pairs through a generator: this
+        # runs on every response (~2 µs less).
+        text = f"gw;dur={self.gw_ms:.3f}, queue;dur={self.queue_ms:.3f}"
+        for name, value in self.other_waits_ms:
+            text += f", {name};dur={value:.3f}"
+        if self.upstream_first_byte_ms is not None:
+            text += f", upstream-fb;dur={self.upstream_first_byte_ms:.3f}"
+        text += f", upstream;dur={self.upstream_ms:.3f}"
+        if self.ttft_ms is not None:
+            text += f", ttft;dur={self.ttft_ms:.3f}"
+        inference_ms = self.inference.inference_ms
+        if inference_ms is not None:
+            text += f", inference;dur={inference_ms:.3f}"
+        return text + f", total;dur={self.total_ms:.3f}"
 
     def sse_comment(self) -> bytes:
         """The final stream line: an SSE comment, so OpenAI SDKs skip it."""
@@ -92,6 +95,9 @@ class RequestTimings:
     _first_byte_s: float | None = None
     _first_token_s: float | None = None
     _last_token_s: float | None = None
+    # The split once `finish()` has fixed the end: asked for again by the metrics, the
+    # access log and the Server-Timing header. Every mark below drops it.
+    _final: TimingSplit | None = None
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -99,12 +105,14 @@ class RequestTimings:
 
     # queue -----------------------------------------------------------------
     def queue_started(self) -> None:
+        self._final = None
         self._queue_started_s = self.clock()
 
     def queue_ended(self) -> float:
         """Stop the queue clock; returns this wait in seconds."""
         if self._queue_started_s is None:
             return 0.0
+        self._final = None
         waited = self.clock() - self._queue_started_s
         self.queue_s += waited
         self._queue_started_s = None
@@ -113,19 +121,23 @@ class RequestTimings:
     # upstream --------------------------------------------------------------
     def upstream_started(self) -> None:
         self.upstream_ended()  # a failed attempt that was never closed still counts
+        self._final = None
         self._upstream_started_s = self._attempt_started_s = self.clock()
         self._first_byte_s = None
 
     def upstream_first_byte(self) -> None:
+        self._final = None
         self._first_byte_s = self.clock()
 
     def upstream_ended(self) -> None:
         if self._upstream_started_s is not None:
+            self._final = None
             self.upstream_s += self.clock() - self._upstream_started_s
             self._upstream_started_s = None
 
     def token(self, count: int = 1) -> None:
         """`count` content-bearing events were relayed to the client (one network write)."""
+        self._final = None
         now = self.clock()
         if self._first_token_s is None:
             self._first_token_s = now
@@ -135,6 +147,7 @@ class RequestTimings:
     # the pipeline's original ServerTiming interface ------------------------
     def add_wait(self, name: str, seconds: float) -> None:
         """Time spent waiting outside the gateway's control (`queue`, …); not gateway time."""
+        self._final = None
         if name == "queue":
             self.queue_s += seconds
         else:
@@ -156,6 +169,7 @@ class RequestTimings:
 
     def report(self, report: InferenceReport) -> None:
         if report is not UNKNOWN:  # the usual case for a backend that reports nothing
+            self._final = None
             self.inference = self.inference.merged(report)
 
     def finish(self) -> None:
@@ -182,6 +196,8 @@ class RequestTimings:
     # result ----------------------------------------------------------------
     def split(self) -> TimingSplit:
         """The split now (or at `finish()`); open intervals are counted up to now."""
+        if self._final is not None:
+            return self._final
         now = self.end_s if self.end_s is not None else self.clock()
         queue_s = self.queue_s
         if self._queue_started_s is not None:
@@ -198,10 +214,13 @@ class RequestTimings:
             other, other_ms = (), 0.0
         # gw is the remainder of the rounded figures, so the parts add up exactly.
         gw_ms = round(max(total_ms - queue_ms - upstream_ms - other_ms, 0.0), 3)
-        return TimingSplit(
+        split = TimingSplit(
             gw_ms, queue_ms, upstream_ms, total_ms, self.ttft_ms, self.upstream_first_byte_ms,
             self._inter_token_ms(), self.inference, other,
         )
+        if self.end_s is not None:
+            self._final = split
+        return split
 
     def _inter_token_ms(self) -> float | None:
         if self.tokens_relayed < 2 or self._first_token_s is None or self._last_token_s is None:
