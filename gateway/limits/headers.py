@@ -21,10 +21,10 @@ from gateway.limits.store import WINDOW_S, Rejection, ScopeState
 def go_duration(seconds: float) -> str:
     """`0.12` → `120ms`, `1.5` → `1.5s`, `360` → `6m0s` (rounded up to the millisecond)."""
     ms = max(0, math.ceil(seconds * 1000 - 1e-6))
-    if ms == 0:
-        return "0s"
     if ms < 1000:
-        return f"{ms}ms"
+        return f"{ms}ms" if ms else "0s"
+    if ms < 60_000 and ms % 1000 == 0:  # the usual reset of a 60 s window: "59s"
+        return f"{ms // 1000}s"
     hours, rest = divmod(ms, 3_600_000)
     minutes, rest = divmod(rest, 60_000)
     secs = str(rest // 1000) if rest % 1000 == 0 else f"{rest / 1000:.3f}".rstrip("0")
@@ -53,12 +53,16 @@ def rate_limit_headers(states: Iterable[ScopeState], now: float) -> dict[str, st
             remaining = max(0, tpm - state.tokens)
             if tokens is None or remaining < tokens[1]:
                 tokens = (tpm, remaining, _reset_s(state, now))
+    # Literal names, not f-strings over ("requests", "tokens"): built on every response.
     headers: dict[str, str] = {}
-    for name, trio in (("requests", requests), ("tokens", tokens)):
-        if trio is not None:
-            headers[f"x-ratelimit-limit-{name}"] = str(trio[0])
-            headers[f"x-ratelimit-remaining-{name}"] = str(trio[1])
-            headers[f"x-ratelimit-reset-{name}"] = go_duration(trio[2])
+    if requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(requests[0])
+        headers["x-ratelimit-remaining-requests"] = str(requests[1])
+        headers["x-ratelimit-reset-requests"] = go_duration(requests[2])
+    if tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(tokens[0])
+        headers["x-ratelimit-remaining-tokens"] = str(tokens[1])
+        headers["x-ratelimit-reset-tokens"] = go_duration(tokens[2])
     return headers
 
 
