@@ -90,11 +90,21 @@ class _CountingEncoding:
         return ENCODING.encode_ordinary(text)
 
 
-def test_roles_are_encoded_once_and_content_on_every_request() -> None:
+def test_roles_and_system_prompts_are_encoded_once_other_content_every_request() -> None:
     encoding = _CountingEncoding()
     counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     first = counter.count_messages(messages)
     assert encoding.calls == 4
     assert counter.count_messages(messages) == first
-    assert encoding.calls == 6  # the two contents again, the two roles remembered
+    assert encoding.calls == 5  # the user's content again; roles and system prompt remembered
+
+
+def test_a_remembered_system_prompt_counts_exactly_what_encoding_it_does() -> None:
+    counter = TokenCounter()
+    prompt = "You are a careful assistant. Answer in one sentence, citing the policy."
+    messages = [{"role": "developer", "content": prompt}]
+    expected = len(ENCODING.encode_ordinary(prompt)) + len(ENCODING.encode_ordinary(
+        "developer")) + TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS
+    assert counter.count_messages(messages) == expected
+    assert counter.count_messages(messages) == expected
