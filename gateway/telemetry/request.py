@@ -28,7 +28,8 @@ from gateway.telemetry import spans as a
 from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
 from gateway.telemetry.live import Sample
-from gateway.telemetry.spans import RequestTrace, clean, mark_error
+from gateway.telemetry.queue_wait import Queued, QueueWait
+from gateway.telemetry.spans import RequestTrace, clean
 from gateway.telemetry.timing import RequestTimings, TimingSplit
 
 if TYPE_CHECKING:
@@ -207,14 +208,14 @@ class RequestTelemetry:
             if self.trace.recording else None,
         )
 
-    def queue_wait(self, backend: str) -> _QueueWait:
+    def queue_wait(self, backend: str) -> QueueWait:
         """Around waiting for a backend slot: span, queue-depth gauge, and — unless the
         queue reported its own wait through `timings.add_wait("queue", …)` — the clock."""
-        return _QueueWait(self, backend)
+        return QueueWait(self, backend)
 
-    def queued(self, backend: str, slot: AbstractAsyncContextManager[Any]) -> _Queued:
+    def queued(self, backend: str, slot: AbstractAsyncContextManager[Any]) -> Queued:
         """Hold `slot` (a queue's context manager) with the wait for it traced."""
-        return _Queued(self, backend, slot)
+        return Queued(self, backend, slot)
 
     def upstream(self, target: Any, headers: MutableMapping[str, str] | None = None,
                  ) -> UpstreamAttempt:
@@ -345,65 +346,3 @@ class RequestTelemetry:
             timing=AccessRecord.timing_of(split),
         ))
         return split
-
-
-class _QueueWait:
-    """The queue wait as a class, not @asynccontextmanager (a generator per request)."""
-
-    __slots__ = ("_backend", "_gauge", "_reported_before", "_tel", "span")
-
-    def __init__(self, tel: RequestTelemetry, backend: str) -> None:
-        self._tel, self._backend = tel, backend
-
-    def begin(self) -> Span:
-        tel = self._tel
-        self._gauge = tel.metrics.queue_depth_of(self._backend)
-        self.span = tel.trace.start("routegate.queue.wait", {a.RG_BACKEND: self._backend})
-        self._reported_before = tel.timings.queue_s
-        tel.timings.queue_started()
-        self._gauge.inc()
-        return self.span
-
-    def end(self, exc: BaseException | None) -> None:
-        timings, span = self._tel.timings, self.span
-        if exc is not None:
-            mark_error(span, exc)
-        self._gauge.dec()
-        reported = timings.queue_s != self._reported_before
-        waited_s = timings.queue_ended()
-        if reported:  # the queue's own figure wins; do not count the wait twice
-            timings.queue_s -= waited_s
-        if span.is_recording():
-            span.set_attribute(a.RG_QUEUE_WAIT_MS, round(waited_s * 1000.0, 3))
-        span.end()
-
-    async def __aenter__(self) -> Span:
-        return self.begin()
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        traceback: object) -> None:
-        self.end(exc)
-
-
-class _Queued:
-    """`async with tel.queued(backend, slot)`: the slot held, the wait for it traced."""
-
-    __slots__ = ("_slot", "_wait")
-
-    def __init__(self, tel: RequestTelemetry, backend: str,
-                 slot: AbstractAsyncContextManager[Any]) -> None:
-        self._wait = _QueueWait(tel, backend)
-        self._slot = slot
-
-    async def __aenter__(self) -> None:
-        self._wait.begin()
-        try:
-            await self._slot.__aenter__()
-        except BaseException as exc:
-            self._wait.end(exc)
-            raise
-        self._wait.end(None)
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        traceback: Any) -> bool | None:
-        return await self._slot.__aexit__(kind, exc, traceback)
