@@ -286,7 +286,7 @@ class Pipeline:
             client.headers["X-Request-Id"] = ctx.request_id
             client.headers["Server-Timing"] = ctx.timing.header()
             await client.prepare(ctx.request)
-            write = _writer(client, ctx.endpoint.dialect)
+            write, write_last = _writers(client, ctx.endpoint.dialect)
             ctx.bytes_sent = True
             ctx.status = 200
             try:
@@ -311,8 +311,8 @@ class Pipeline:
                 ctx.telemetry.final_chunk(relay.usage_chunk)
                 ctx.timing.upstream_finished()
                 tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
-                await write(tail + DONE_EVENT if relay.done else tail)
-                await client.write_eof()
+                # the last bytes and the chunked terminator leave in one transport write
+                await write_last(tail + DONE_EVENT if relay.done else tail)
             except ConnectionResetError:  # the client went away between two writes
                 ctx.status = CLIENT_CLOSED
                 finished = False
@@ -342,17 +342,20 @@ class Pipeline:
         return error
 
 
-def _writer(client: web.StreamResponse,
-            dialect: Dialect | None) -> Callable[[bytes], Awaitable[None]]:
-    """`client.write`, or for another API's endpoint, a write of the re-encoded stream."""
+def _writers(client: web.StreamResponse, dialect: Dialect | None,
+             ) -> tuple[Callable[[bytes], Awaitable[None]], Callable[[bytes], Awaitable[None]]]:
+    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode."""
     if dialect is None:
-        return client.write
+        return client.write, client.write_eof
     encode = dialect.stream_encoder()
 
     async def write(data: bytes) -> None:
         await client.write(encode(data))
 
-    return write
+    async def write_last(data: bytes) -> None:
+        await client.write_eof(encode(data))
+
+    return write, write_last
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
