@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
 import orjson
@@ -54,6 +55,9 @@ from gateway.upstream.pool import UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("routegate.pipeline")
 
+# A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
+# parsed: only its `usage` object is picked out of the bytes (`usage_of`).
+MAX_PARSED_REPLY_BYTES = 1 << 20
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                    "X-Accel-Buffering": "no"}
@@ -257,8 +261,13 @@ class Pipeline:
             raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
                                       f"(HTTP {status}): {data[:300].decode(errors='replace')}")
         if status < 300:
-            ctx.usage = usage_of(data)
-            ctx.telemetry.response_body(data)
+            reply = _parsed(data) if len(data) <= MAX_PARSED_REPLY_BYTES else None
+            if reply is not None:  # parsed once: usage here, model/id/finish reasons for spans
+                usage = reply.get("usage")
+                ctx.usage = usage if isinstance(usage, dict) else None
+                ctx.telemetry.response_json(reply)
+            else:
+                ctx.usage = usage_of(data)
         headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
                    "X-Request-Id": ctx.request_id}
         for header in PASSTHROUGH_HEADERS:
@@ -372,6 +381,14 @@ def _describe(failure: UpstreamFailure) -> str:
         if isinstance(message, str):
             text += f" ({message[:200]})"
     return text
+
+
+def _parsed(data: bytes) -> dict[str, Any] | None:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _is_openai_error(data: bytes) -> bool:

@@ -6,7 +6,6 @@ import re
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from opentelemetry.trace import Span
 
 from gateway.telemetry import spans as a
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 _CONTENT = (b'"content":"', b'"text":"')
 _EMPTY = (b'"content":""', b'"text":""')
 _FINISH = re.compile(rb'"finish_reason":\s*"([A-Za-z_]{1,40})"')
-MAX_PARSED_BODY_BYTES = 1 << 20  # larger JSON bodies (big embeddings) are not re-parsed
 
 
 def content_events(data: bytes) -> int:
@@ -83,17 +81,6 @@ class UpstreamAttempt:
             self._req.response_model = body["model"]
         if isinstance(body.get("id"), str):
             self._req.response_id = body["id"]
-
-    def body_bytes(self, data: bytes) -> None:
-        """A non-streamed JSON response; parsed again only when small enough to be cheap."""
-        if len(data) > MAX_PARSED_BODY_BYTES:
-            return
-        try:
-            body = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(body, dict):
-            self.body(body)
 
     def failed(self, error: BaseException | str) -> None:
         if isinstance(error, BaseException):

@@ -250,10 +250,10 @@ class RequestTelemetry:
         if self.attempt is not None and data:
             self.attempt.relayed(data)
 
-    def response_body(self, data: bytes) -> None:
-        """A successful non-streamed JSON response."""
+    def response_json(self, body: Mapping[str, Any]) -> None:
+        """A successful non-streamed JSON response, parsed once by the relay."""
         if self.attempt is not None:
-            self.attempt.body_bytes(data)
+            self.attempt.body(body)
 
     def final_chunk(self, chunk: Mapping[str, Any] | None) -> None:
         """A stream's last JSON chunk (usage, and a backend's timings when it sends them)."""
