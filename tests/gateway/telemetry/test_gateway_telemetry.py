@@ -21,7 +21,9 @@ INBOUND = f"00-{INBOUND_TRACE}-b7ad6b7169203331-01"
 PROMPT = "the launch code for project marmalade is 4417"
 API_KEY = "sk-rg-telemetry-test-7f3c9a1e5b"
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": PROMPT}]}
-GATEWAY_SPANS = ["routegate.auth", "routegate.rate_limit", "routegate.route", "routegate.queue.wait"]
+GATEWAY_SPANS = [
+    "routegate.auth", "routegate.rate_limit", "routegate.route", "routegate.queue.wait",
+]
 
 
 async def post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict, bytes]:

@@ -120,7 +120,8 @@ def check_trace(trace: list[ReceivedSpan], raw: bytes, header: str, stream: bool
             ancestors.append(span.span_id)
         assert client.span_id in ancestors and ancestors[-1] == root.span_id
     assert {s.service for s in trace} == {"routegate", "routegate-local-backend"}
-    for name in ("routegate.auth", "routegate.rate_limit", "routegate.route", "routegate.queue.wait"):
+    for name in ("routegate.auth", "routegate.rate_limit", "routegate.route",
+                 "routegate.queue.wait"):
         assert any(s.name == name and s.parent_span_id == root.span_id for s in trace), name
 
     # The split the client saw, in the final SSE comment for a stream.
