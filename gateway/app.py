@@ -60,7 +60,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
-    install_telemetry(app, hooks.telemetry)  # GET /metrics, GET /dashboard; flush at exit
+    install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     install_routing(app, hooks, live=live, pool=pool)
     install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding

@@ -163,9 +163,17 @@ function render(data) {
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered) + 1);
 }
 
+// An admin key, when the gateway asks for one, travels in the URL fragment: never
+// sent to the server with the page request, never in an access log.
+const ADMIN_KEY = new URLSearchParams(location.hash.slice(1)).get("key");
+const AUTH = ADMIN_KEY ? { Authorization: `Bearer ${ADMIN_KEY}` } : {};
+
 async function poll() {
   try {
-    const response = await fetch("dashboard/data", { cache: "no-store" });
+    const response = await fetch("dashboard/data", { cache: "no-store", headers: AUTH });
+    if (response.status === 401 || response.status === 403) {
+      throw new Error(`HTTP ${response.status}: open this page as /dashboard#key=ADMIN_KEY`);
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     render(await response.json());
   } catch (err) {

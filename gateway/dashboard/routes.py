@@ -3,6 +3,10 @@
 Static HTML + one JS file shipped in the package (no build step, no external
 assets, so it works air-gapped), polling `GET /dashboard/data` — the JSON
 summary from `LiveStats` — every few seconds.
+
+The data names tenants' routes and spend: when the policy lists admin keys, it is
+served to an admin key only. The page takes the key from its URL fragment
+(`/dashboard#key=…`), which browsers never send to a server or write to a log.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from gateway.auth import require_admin
+from gateway.live_policy import LivePolicy
 from gateway.telemetry.live import LiveStats
 
 HERE = Path(__file__).resolve().parent
@@ -21,7 +27,8 @@ _SCRIPT = (HERE / "dashboard.js").read_bytes()
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-def dashboard_routes(live: LiveStats, *, prefix: str = "/dashboard") -> list[web.RouteDef]:
+def dashboard_routes(live: LiveStats, *, policy: LivePolicy | None = None,
+                     prefix: str = "/dashboard") -> list[web.RouteDef]:
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=_PAGE, content_type="text/html", charset="utf-8")
 
@@ -29,6 +36,8 @@ def dashboard_routes(live: LiveStats, *, prefix: str = "/dashboard") -> list[web
         return web.Response(body=_SCRIPT, content_type="application/javascript", charset="utf-8")
 
     async def data(request: web.Request) -> web.Response:
+        if policy is not None and policy.current.admin_key_hashes:
+            require_admin(request, policy.current)
         return web.Response(body=orjson.dumps(live.snapshot()), content_type="application/json",
                             headers=_NO_STORE)
 

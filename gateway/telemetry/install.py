@@ -12,6 +12,7 @@ from typing import TextIO
 from aiohttp import web
 
 from gateway.dashboard import dashboard_routes
+from gateway.live_policy import LivePolicy
 from gateway.telemetry.access_log import LOGGER_NAME, json_line_handler
 from gateway.telemetry.endpoints import metrics_route
 from gateway.telemetry.service import Telemetry
@@ -19,9 +20,11 @@ from gateway.telemetry.service import Telemetry
 TELEMETRY = web.AppKey("routegate.telemetry", Telemetry)
 
 
-def install_telemetry(app: web.Application, telemetry: Telemetry) -> None:
+def install_telemetry(app: web.Application, telemetry: Telemetry,
+                      policy: LivePolicy | None = None) -> None:
     app[TELEMETRY] = telemetry
-    app.router.add_routes([metrics_route(telemetry.metrics), *dashboard_routes(telemetry.live)])
+    app.router.add_routes([metrics_route(telemetry.metrics),
+                           *dashboard_routes(telemetry.live, policy=policy)])
     app.cleanup_ctx.append(_flush_at_shutdown)
 
 

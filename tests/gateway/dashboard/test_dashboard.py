@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.auth import key_hash
 from gateway.dashboard import dashboard_routes
 from gateway.telemetry.live import LiveStats, Sample
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy
@@ -66,7 +67,8 @@ async def test_data_endpoint_summarises_per_backend(
     assert data["rejections"] == {"rate_limit": 1, "shed": 1}
 
 
-async def gateway_traffic(start_upstream: StartUpstream, start_gateway: StartGateway) -> str:
+async def gateway_traffic(start_upstream: StartUpstream, start_gateway: StartGateway,
+                          admin_key: str | None = None) -> str:
     """A gateway over two fake backends, after a few real requests; its base URL."""
     local = await start_upstream(Behaviour(chunk_delay_s=0.001), name="local")
     shared = await start_upstream(Behaviour(processing_ms=3), name="shared")
@@ -74,6 +76,8 @@ async def gateway_traffic(start_upstream: StartUpstream, start_gateway: StartGat
     policy["backends"]["shared"] = {"type": "openai", "url": shared.url,
                                     "models": {"gpt-4o-mini": {}}}
     policy["routes"]["fast"] = {"targets": ["shared/gpt-4o-mini"]}
+    if admin_key is not None:
+        policy["auth"] = {"anonymous": {"enabled": True}, "admin_keys": [key_hash(admin_key)]}
     gateway = await start_gateway(policy)
     async with aiohttp.ClientSession() as session:
         for i in range(12):
@@ -106,3 +110,34 @@ async def test_page_renders_charts_with_data_in_headless_chromium(
     assert (width, height) == (1280, 1000)
     assert shot.stat().st_size > 20_000
     assert distinct_rows > 100  # text and charts, not a blank page
+
+
+async def test_data_needs_an_admin_key_when_the_policy_lists_admin_keys(
+    start_upstream: StartUpstream, start_gateway: StartGateway,
+) -> None:
+    upstream = await start_upstream()
+    policy = single_backend_policy(upstream.url)
+    policy["auth"] = {"anonymous": {"enabled": True}, "admin_keys": [key_hash("admin-key")]}
+    gateway = await start_gateway(policy)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gateway.url + "/dashboard") as page:
+            assert page.status == 200  # the page itself holds no data
+        async with session.get(gateway.url + "/dashboard/data") as anonymous:
+            assert anonymous.status == 401
+        async with session.get(gateway.url + "/dashboard/data",
+                               headers={"Authorization": "Bearer admin-key"}) as admin:
+            assert admin.status == 200
+            assert "backends" in await admin.json()
+
+
+@pytest.mark.slow
+async def test_page_sends_the_admin_key_from_its_url_fragment(
+    start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path,
+) -> None:
+    binary = chromium_or_skip()
+    base = await gateway_traffic(start_upstream, start_gateway, admin_key="admin-key")
+    locked = await run_chromium(binary, tmp_path / "a", "--dump-dom", base + "/dashboard")
+    assert "open this page as /dashboard#key=ADMIN_KEY" in locked
+    dom = await run_chromium(binary, tmp_path / "b", "--dump-dom",
+                             base + "/dashboard#key=admin-key")
+    assert "12 requests" in dom
