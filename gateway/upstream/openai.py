@@ -11,7 +11,9 @@ come from the policy's `Backend.timeouts`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -36,8 +38,36 @@ class UpstreamFailure(Exception):
         self.headers = dict(headers or {})
 
 
+class LeasedResponse(aiohttp.ClientResponse):
+    """A response that tells its adapter when the request is done with it (the first
+    `release` or `close`), so a retired adapter knows when its session is idle."""
+
+    on_done: Callable[[], None] | None = None
+
+    def release(self) -> Any:
+        try:
+            return super().release()
+        finally:
+            self._done()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
+            on_done()
+
+
 class OpenAIUpstream:
-    """One backend: its session, base URL and request defaults."""
+    """One backend: its session, base URL and request defaults.
+
+    After a reload replaces it (`retire`) it keeps serving the requests that already
+    hold it and closes its session when the last of them has released its response.
+    """
 
     def __init__(self, name: str, backend: Backend, base_url: str) -> None:
         self.name = name
@@ -51,6 +81,9 @@ class OpenAIUpstream:
         if backend.api_key is not None and backend.api_key.get_secret_value():
             self._headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
         self._session: aiohttp.ClientSession | None = None
+        self._users = 0  # requests between `open` and their response's release/close
+        self._retired = False
+        self._closing: asyncio.Task[None] | None = None  # held so it is not collected
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -59,10 +92,36 @@ class OpenAIUpstream:
                 keepalive_timeout=30, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, headers=self._headers,
-                skip_auto_headers=("User-Agent",), auto_decompress=True)
+                skip_auto_headers=("User-Agent",), auto_decompress=True,
+                response_class=LeasedResponse)
         return self._session
 
+    def retire(self) -> None:
+        """A reload replaced this adapter: close its session once no request uses it.
+        A request that took the adapter before the reload but opens only now (it was
+        queued) still gets a session, closed in turn when that request is done."""
+        self._retired = True
+        self._close_if_idle()
+
+    @property
+    def idle_closed(self) -> bool:
+        """Retired, and nothing left open: the pool can forget it."""
+        return self._retired and self._users == 0 and self._session is None
+
+    def _finished(self) -> None:
+        self._users -= 1
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if not self._retired or self._users or self._session is None:
+            return
+        session, self._session = self._session, None
+        if not session.closed:
+            self._closing = asyncio.get_running_loop().create_task(session.close())
+
     async def close(self) -> None:
+        if self._closing is not None:
+            await self._closing
         if self._session is not None:
             await self._session.close()
 
@@ -71,19 +130,14 @@ class OpenAIUpstream:
         """POST and wait for the response headers. A 2xx/4xx response is returned open
         (the caller reads and releases it); connection failures, timeouts, 429 and 5xx
         raise `UpstreamFailure` so the caller can try the next candidate."""
-        url = self.base_url + path
+        self._users += 1
         try:
-            response = await self.session().post(url, data=body, headers=headers)
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise UpstreamFailure(UpstreamTimeout(
-                f"Backend '{self.name}' did not respond in time ({exc.__class__.__name__})."
-            )) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{self.name}' is unreachable: {exc.os_error or exc}.")) from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{self.name}' failed: {exc.__class__.__name__}: {exc}.")) from exc
+            response = await self._post(path, body, headers)
+        except BaseException:
+            self._finished()
+            raise
+        if isinstance(response, LeasedResponse):
+            response.on_done = self._finished
         if response.status == 429 or response.status >= 500:
             try:
                 error_body = await response.read()
@@ -95,3 +149,19 @@ class OpenAIUpstream:
                 UpstreamError(f"Backend '{self.name}' returned HTTP {response.status}."),
                 status=response.status, body=error_body, headers=response.headers)
         return response
+
+    async def _post(self, path: str, body: bytes,
+                    headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
+        url = self.base_url + path
+        try:
+            return await self.session().post(url, data=body, headers=headers)
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamFailure(UpstreamTimeout(
+                f"Backend '{self.name}' did not respond in time ({exc.__class__.__name__})."
+            )) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{self.name}' is unreachable: {exc.os_error or exc}.")) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{self.name}' failed: {exc.__class__.__name__}: {exc}.")) from exc

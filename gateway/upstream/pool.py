@@ -53,6 +53,9 @@ class Upstream(Protocol):
     async def open(self, path: str, body: bytes,
                    headers: Mapping[str, str] | None = None) -> UpstreamResponse: ...
     async def close(self) -> None: ...
+    def retire(self) -> None: ...
+    @property
+    def idle_closed(self) -> bool: ...
 
 
 class UpstreamPool:
@@ -60,7 +63,9 @@ class UpstreamPool:
         self._adapters: dict[str, Upstream] = {}
         self._launched_urls: dict[str, str] = {}
         self._down_reasons: dict[str, str] = {}
-        self._retired: list[Upstream] = []  # replaced by a reload; closed at shutdown
+        # Replaced by a reload or a child's restart: each closes its own session once
+        # its last request is done; kept here only to be closed at shutdown.
+        self._retired: list[Upstream] = []
 
     def get(self, name: str, backend: Backend) -> Upstream | None:
         """The adapter for `backend` as the current policy describes it, or None."""
@@ -76,7 +81,7 @@ class UpstreamPool:
         if url is None:
             return None
         if adapter is not None:
-            self._retired.append(adapter)
+            self._retire(adapter)
         adapter = self._adapters[name] = kind(name, backend, url)
         return adapter
 
@@ -101,14 +106,19 @@ class UpstreamPool:
         self._down_reasons.pop(name, None)
         adapter = self._adapters.pop(name, None)
         if adapter is not None:
-            self._retired.append(adapter)
+            self._retire(adapter)
 
     def set_down(self, name: str, reason: str) -> None:
         self._launched_urls.pop(name, None)
         self._down_reasons[name] = reason
         adapter = self._adapters.pop(name, None)
         if adapter is not None:
-            self._retired.append(adapter)
+            self._retire(adapter)
+
+    def _retire(self, adapter: Upstream) -> None:
+        adapter.retire()
+        self._retired = [old for old in self._retired if not old.idle_closed]
+        self._retired.append(adapter)
 
     def status(self, policy: Policy) -> dict[str, str]:
         """`ready` or the reason it is not, per enabled backend."""

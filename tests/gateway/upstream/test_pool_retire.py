@@ -1,0 +1,81 @@
+"""A backend changed by a reload: its old session serves the requests that hold it,
+then closes; new requests use the new one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import yaml
+
+from gateway.app import LIVE_POLICY, UPSTREAMS
+from gateway.settings import Settings
+from policies.load import loads
+from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
+from tests.fakes.openai_upstream import Behaviour
+
+STREAM = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def policy_text(url: str, connect_s: float) -> str:
+    policy = single_backend_policy(url)
+    policy["backends"]["up"]["timeouts"] = {"connect_s": connect_s}
+    return yaml.safe_dump(policy)
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+def session_of(gateway: RunningGateway) -> aiohttp.ClientSession:
+    """The session the current policy's `up` backend uses."""
+    pool, live = gateway.app[UPSTREAMS], gateway.app[LIVE_POLICY]
+    adapter: Any = pool.get("up", live.current.file.backends["up"])
+    return adapter.session()
+
+
+async def test_a_retired_session_closes_once_its_stream_has_finished(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream(Behaviour(pause_after_chunk=2))
+    gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
+    async with aiohttp.ClientSession() as client:
+        stream = await client.post(gateway.base_url + "/chat/completions", json=STREAM)
+        assert stream.status == 200
+        await eventually(lambda: fake.chunks_sent == 2)  # paused mid-stream
+        old = session_of(gateway)
+
+        gateway.app[LIVE_POLICY].swap(loads(policy_text(fake.url, 4.0)))  # backend changed
+        fake.behaviour.pause_after_chunk = None
+        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
+            assert reply.status == 200
+        new = session_of(gateway)
+        assert new is not old and not old.closed  # the stream still reads from it
+
+        fake.resume.set()
+        text = (await stream.read()).decode()
+        stream.release()
+        assert "data: [DONE]" in text and "error" not in text
+        await eventually(lambda: old.closed)
+        assert not new.closed
+
+
+async def test_a_retired_session_with_no_request_in_flight_closes_at_once(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream()
+    gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
+    async with aiohttp.ClientSession() as client:
+        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
+            assert reply.status == 200
+        old = session_of(gateway)
+
+        gateway.app[LIVE_POLICY].swap(loads(policy_text(fake.url, 4.0)))
+        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
+            assert reply.status == 200
+
+    await eventually(lambda: old.closed)
+    assert not session_of(gateway).closed
