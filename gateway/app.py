@@ -55,6 +55,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[UPSTREAMS] = pool
     app[HOOKS] = hooks
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
+    live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs

@@ -5,7 +5,8 @@ For each such backend: pick a free loopback port, run
 until it answers (at most `startup_timeout_s`), then hand `http://127.0.0.1:P/v1` to the
 upstream pool. When the child dies it is marked down (requests get a 503 naming it)
 and started again after a backoff that doubles up to a cap and resets once a child
-has stayed up for a minute. On shutdown every child gets SIGTERM, then SIGKILL.
+has stayed up for a minute. On shutdown every child gets SIGTERM, then SIGKILL. A reloaded
+policy is followed (`follow`): added `launch:` backends start, removed ones stop.
 """
 
 from __future__ import annotations
@@ -54,30 +55,61 @@ class Supervisor:
         self.pool = pool
         self.settings = settings
         self.children: dict[str, Child] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._running: dict[str, tuple[asyncio.Task[None], LaunchSpec]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # dropped by a reload, exiting
         self._http: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
-        for name, backend in self.policy.file.backends.items():
-            if backend.launch is None or not backend.enabled:
+        self.follow(self.policy)
+
+    def follow(self, policy: Policy) -> None:
+        """Bring the children in line with `policy` (a `LivePolicy.on_swap` listener):
+        start the `launch:` backends it adds, stop the ones it drops, restart one whose
+        `launch:` changed (after the old child has exited: both may not fit on the
+        accelerator), and leave the unchanged ones running."""
+        self.policy = policy
+        if self._http is None:  # not started (supervision off), or stopped
+            return
+        wanted = {name: backend.launch for name, backend in policy.file.backends.items()
+                  if backend.launch is not None and backend.enabled}
+        stopped: dict[str, asyncio.Task[None]] = {}
+        for name, (task, launch) in list(self._running.items()):
+            if wanted.get(name) == launch:
+                continue
+            del self._running[name]
+            task.cancel()  # its child gets SIGTERM, then SIGKILL, as at shutdown
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+            stopped[name] = task
+            if name not in wanted:
+                self.children.pop(name, None)
+                self.pool.set_down(name, f"local backend '{name}' was removed from the policy")
+                log.info("local backend '%s' removed from the policy; stopping it", name)
+        for name, launch in wanted.items():
+            if name in self._running:
                 continue
             self.children[name] = Child(name)
             self.pool.set_down(name, f"local backend '{name}' is starting")
-            self._tasks.append(asyncio.create_task(self._keep_running(name, backend.launch),
-                                                   name=f"supervise-{name}"))
+            task = asyncio.create_task(self._keep_running(name, launch, after=stopped.get(name)),
+                                       name=f"supervise-{name}")
+            self._running[name] = (task, launch)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [task for task, _ in self._running.values()] + list(self._stopping)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
+        self._stopping.clear()
         if self._http is not None:
             await self._http.close()
+            self._http = None
 
-    async def _keep_running(self, name: str, launch: LaunchSpec) -> None:
+    async def _keep_running(self, name: str, launch: LaunchSpec, *,
+                            after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:  # the child this one replaces is still exiting
+            await asyncio.wait([after])
         first_delay, max_delay = self.settings.restart_backoff_s
         delay = first_delay
         child = self.children[name]

@@ -11,10 +11,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.app import SUPERVISOR
+from gateway.app import LIVE_POLICY, SUPERVISOR
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
-from tests.conftest import RunningGateway, StartGateway
+from tests.conftest import RunningGateway, StartGateway, as_policy
 
 CHILD = str(Path(__file__).resolve().parent.parent / "fakes" / "child_backend.py")
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -110,3 +110,62 @@ async def test_a_child_that_cannot_start_leaves_the_gateway_serving_503s(
     message = body["error"]["message"]
     assert "'local'" in message and "exited with code 3" in message
     assert ready.status == 503 and "exited with code 3" in readiness["backends"]["local"]
+
+
+def two_launched_policy() -> dict[str, Any]:
+    policy = launch_policy()
+    policy["backends"]["extra"] = {"type": "openai", "models": {"demo": {}},
+                                   "launch": {"model": "demo", "startup_timeout_s": 10}}
+    return policy
+
+
+async def test_a_reload_starts_an_added_launched_backend_and_keeps_the_others(
+        start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(launch_policy(), child_settings())
+    supervisor: Supervisor = gateway.app[SUPERVISOR]
+    local = supervisor.children["local"]
+    await _until(lambda: local.url is not None)
+    pid = local.pid
+
+    gateway.app[LIVE_POLICY].swap(as_policy(two_launched_policy()))
+    await _until(lambda: "extra" in supervisor.children
+                 and supervisor.children["extra"].url is not None)
+
+    assert supervisor.children["local"] is local and local.pid == pid and local.starts == 1
+    extra_pid = supervisor.children["extra"].pid
+    assert extra_pid is not None and extra_pid != pid and _alive(extra_pid)
+
+
+async def test_a_reload_stops_a_removed_launched_backend(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(two_launched_policy(), child_settings())
+    supervisor: Supervisor = gateway.app[SUPERVISOR]
+    await _until(lambda: all(child.url is not None for child in supervisor.children.values()))
+    extra_pid, local_pid = supervisor.children["extra"].pid, supervisor.children["local"].pid
+    assert extra_pid is not None and local_pid is not None
+
+    gateway.app[LIVE_POLICY].swap(as_policy(launch_policy()))
+    await _until(lambda: not _alive(extra_pid))
+
+    assert supervisor.children.keys() == {"local"} and _alive(local_pid)
+    status, body = await _chat(gateway)
+    assert status == 200 and body["choices"][0]["message"]["content"] == f"pid {local_pid}"
+
+
+async def test_a_reload_that_changes_launch_restarts_that_child(
+        start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(launch_policy(), child_settings())
+    supervisor: Supervisor = gateway.app[SUPERVISOR]
+    await _until(lambda: supervisor.children["local"].url is not None)
+    old_pid = supervisor.children["local"].pid
+    assert old_pid is not None
+
+    changed = launch_policy()
+    changed["backends"]["local"]["launch"]["startup_timeout_s"] = 9
+    gateway.app[LIVE_POLICY].swap(as_policy(changed))
+    await _until(lambda: supervisor.children["local"].url is not None
+                 and supervisor.children["local"].pid != old_pid)
+
+    assert not _alive(old_pid)
+    status, body = await _chat(gateway)
+    assert status == 200
+    assert body["choices"][0]["message"]["content"] == f"pid {supervisor.children['local'].pid}"
