@@ -146,6 +146,9 @@ class RoutingHook:
             predicted_ttft_ms=candidate.ttft_ms if candidate and ttft_ms is not None else None,
             predicted_total_ms=candidate.total_ms if candidate else None)
         ctx.state[PREDICTION_ERROR_STATE] = error
+        ctx.telemetry.metrics.observe_prediction_error(
+            attempt.target.backend_name, attempt.target.model_name,
+            ttft_ms=error.ttft_ms, total_ms=error.total_ms)
         if output:
             self.stats.record_output_tokens(decision.route, output)
 

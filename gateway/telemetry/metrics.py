@@ -37,6 +37,9 @@ OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
+# actual − predicted: negative buckets too (faster than routing expected).
+PREDICTION_ERROR_BUCKETS_S = (-10.0, -5.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, 0.0,
+                              0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -128,6 +131,11 @@ class GatewayMetrics:
         self.inference = hist(
             "inference_seconds", "Inference time the backend reported (if it did).",
             bm, LATENCY_BUCKETS_S,
+        )
+        self.prediction_error = hist(
+            "routing_prediction_error_seconds",
+            "Actual − predicted time of the routed attempt (positive: slower than predicted).",
+            [*bm, "kind"], PREDICTION_ERROR_BUCKETS_S,
         )
         self.requests = Counter(
             "requests", "Requests finished, by status code.", e2e, namespace=NAMESPACE, registry=r
@@ -236,6 +244,16 @@ class GatewayMetrics:
                 spend=self.spend.labels(route, backend, model, tenant),
             )
         return children
+
+    def observe_prediction_error(self, backend: str, model: str, *, ttft_ms: float | None,
+                                 total_ms: float | None) -> None:
+        """How far routing's latency prediction was off, so ops can see if it is informed."""
+        g = self.label
+        backend, model = g("backend", backend), g("model", model)
+        if ttft_ms is not None:
+            self.prediction_error.labels(backend, model, "ttft").observe(ttft_ms / 1000.0)
+        if total_ms is not None:
+            self.prediction_error.labels(backend, model, "total").observe(total_ms / 1000.0)
 
     def observe_rejection(self, tenant: str, limit: str) -> None:
         self.rate_limited.labels(self.label("tenant", tenant), limit).inc()

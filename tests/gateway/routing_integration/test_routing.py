@@ -170,6 +170,21 @@ async def test_stats_learn_from_a_streamed_request(
     assert snap.output_tokens_mean["chat"] > 0
 
 
+async def test_prediction_error_is_exported_as_a_metric(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    local, shared = await two(start_upstream)
+    gateway = await start_gateway(policy(local.url, shared.url))
+    for stream in (True, False):
+        status, _, _ = await post(gateway.url, {"model": "chat", "messages": MESSAGES,
+                                                "stream": stream})
+        assert status == 200
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/metrics") as r:
+        exposition = await r.text()
+    name = "routegate_routing_prediction_error_seconds_count"
+    assert f'{name}{{backend="local",kind="total",model="llama"}} 2.0' in exposition
+    assert f'{name}{{backend="local",kind="ttft",model="llama"}} 1.0' in exposition  # stream
+
+
 async def test_a_busy_local_backend_spills_to_the_shared_api_and_traffic_returns(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
     local, shared = await two(start_upstream)
