@@ -25,6 +25,7 @@ async def exported_series() -> set[str]:
     tel.rejected("rate_limit", limit="rpm")
     tel.rejected("shed")
     telemetry.metrics.observe_fallback("chat", "a", "b")
+    telemetry.metrics.observe_prediction_error("a", "m", ttft_ms=-20.0, total_ms=150.0)
     telemetry.metrics.policy_reloads.labels("ok").inc()
     text = telemetry.metrics.render()[0].decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
