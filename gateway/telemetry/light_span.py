@@ -7,8 +7,12 @@ processor), and a request has five children. Their parent is the request's root,
 which the SDK has already sampled, so none of that is needed for them: a
 `LightSpan` takes two clock readings, keeps its attributes in a dict, and at
 `end()` gives the processor (batch export, or a test's in-memory exporter) the same
-`ReadableSpan` the SDK would have. The root itself stays an SDK span, so sampling
-and inbound `traceparent` handling are the SDK's.
+`ReadableSpan` the SDK would have.
+
+The root is recorded the same way (`ChildSpans.root`), after the same steps as
+`Tracer.start_span`: the parent from the inbound context, the tracer's own sampler
+(its decision, attributes and trace state) and id generator. Only a sampled root
+is a `LightSpan`; an unsampled one is the API's `NonRecordingSpan`, as the SDK's.
 
 Attribute values are the gateway's own (str, bool, int, float, lists of those;
 callers drop `None` with `spans.clean`), so they are not validated again.
@@ -20,8 +24,10 @@ from collections.abc import Callable, Mapping
 from time import time_ns
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import (
+    NonRecordingSpan,
     Span,
     SpanContext,
     SpanKind,
@@ -29,6 +35,7 @@ from opentelemetry.trace import (
     StatusCode,
     TraceFlags,
     Tracer,
+    get_current_span,
 )
 from opentelemetry.util.types import Attributes, AttributeValue
 
@@ -46,12 +53,16 @@ class ChildSpans:
     span ids. `for_tracer` returns None for anything but the SDK's tracer (the no-op
     API tracer, another SDK), and the caller keeps the ordinary path."""
 
-    __slots__ = ("_new_span_id", "_on_end", "_resource", "_scope")
+    __slots__ = ("_ids", "_new_span_id", "_on_end", "_resource", "_sampler", "_scope",
+                 "_tracer")
 
     def __init__(self, on_end: Callable[[ReadableSpan], None], resource: Any, scope: Any,
-                 new_span_id: Callable[[], int]) -> None:
+                 new_span_id: Callable[[], int], tracer: Any = None) -> None:
         self._on_end, self._resource, self._scope = on_end, resource, scope
         self._new_span_id = new_span_id
+        self._tracer = tracer
+        self._sampler = getattr(tracer, "sampler", None)
+        self._ids = getattr(tracer, "id_generator", None)
 
     @classmethod
     def for_tracer(cls, tracer: Tracer) -> ChildSpans | None:
@@ -61,7 +72,35 @@ class ChildSpans:
         if processor is None or ids is None or scope is None:
             return None
         return cls(processor.on_end, getattr(tracer, "resource", None), scope,
-                   ids.generate_span_id)
+                   ids.generate_span_id, tracer)
+
+    def root(self, name: str, context: Context, kind: SpanKind,
+             attributes: dict[str, Any]) -> Span:
+        """A request's root span, as `Tracer.start_span(name, context, kind, attributes)`
+        would make it (~10 instead of ~45 µs); the SDK's own call where this tracer lacks
+        what that needs (a sampler, or a tracer configuration that disables it)."""
+        tracer, sampler, ids = self._tracer, self._sampler, self._ids
+        enabled = getattr(tracer, "_is_enabled", None)
+        if sampler is None or ids is None or (enabled is not None and not enabled()):
+            return tracer.start_span(name, context=context, kind=kind,
+                                     attributes=attributes)
+        parent: SpanContext | None = get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = ids.generate_trace_id()
+            random_id = ids.is_trace_id_random()
+        else:
+            trace_id = parent.trace_id
+            random_id = parent.trace_flags.random_trace_id
+        result = sampler.should_sample(context, trace_id, name, kind, attributes, ())
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        if random_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, TraceFlags(flags),
+                                   result.trace_state)
+        if not result.decision.is_recording():
+            return NonRecordingSpan(span_context)
+        return LightSpan(self, name, span_context, parent, kind, dict(result.attributes or {}))
 
     def start(self, name: str, parent: SpanContext, kind: SpanKind,
               attributes: dict[str, Any]) -> LightSpan:
@@ -80,7 +119,8 @@ class LightSpan(Span):
     __slots__ = ("_ended", "_sink", "attributes", "context", "events", "kind", "name",
                  "parent", "start_ns", "status")
 
-    def __init__(self, sink: ChildSpans, name: str, context: SpanContext, parent: SpanContext,
+    def __init__(self, sink: ChildSpans, name: str, context: SpanContext,
+                 parent: SpanContext | None,
                  kind: SpanKind, attributes: dict[str, Any]) -> None:
         self.start_ns = time_ns()
         self._sink, self.name, self.context, self.parent = sink, name, context, parent

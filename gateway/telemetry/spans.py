@@ -130,17 +130,21 @@ class RequestTrace:
         attributes: Mapping[str, Any] | None = None,
         children: ChildSpans | None = None,
     ) -> None:
-        """`children`: the cheap path for child spans (`light_span.py`); without it they
-        go through `tracer.start_span` like the root."""
+        """`children`: the cheap path for the root and its children (`light_span.py`);
+        without it they go through `tracer.start_span`."""
         self._tracer = tracer
         self._children = children
         # The root's attributes are gathered here and set in one call at end(): each
         # set_attributes call on an SDK span takes its lock and re-validates.
         self._pending: dict[str, Any] = {}
         self._inbound = extract_parent(headers)
-        self._root: Span = self._tracer.start_span(
-            name, context=self._inbound, kind=SpanKind.SERVER, attributes=clean(attributes or {})
-        )
+        if children is not None:
+            self._root: Span = children.root(name, self._inbound, SpanKind.SERVER,
+                                             clean(attributes or {}))
+        else:
+            self._root = self._tracer.start_span(
+                name, context=self._inbound, kind=SpanKind.SERVER,
+                attributes=clean(attributes or {}))
         self.recording = self._root.is_recording()
         # Children are only started under a recording root (see start()).
         self._root_ctx = trace.set_span_in_context(self._root) if self.recording else None
