@@ -71,8 +71,10 @@ class ChildSpans:
         scope = getattr(tracer, "_instrumentation_scope", None)
         if processor is None or ids is None or scope is None:
             return None
-        return cls(processor.on_end, getattr(tracer, "resource", None), scope,
-                   ids.generate_span_id, tracer)
+        direct = _direct_sink(processor)
+        on_end = direct if direct is not None else processor.on_end
+        return cls(on_end, getattr(tracer, "resource", None), scope, ids.generate_span_id,
+                   tracer)
 
     def root(self, name: str, context: Context, kind: SpanKind,
              attributes: dict[str, Any]) -> Span:
@@ -108,21 +110,61 @@ class ChildSpans:
                               parent.trace_state)
         return LightSpan(self, name, context, parent, kind, attributes)
 
-    def emit(self, span: LightSpan, end_ns: int) -> None:
-        self._on_end(ReadableSpan(
+    def emit(self, span: LightSpan) -> None:
+        on_end = self._on_end
+        if type(on_end) is _Direct:
+            on_end.queue(span)  # the span itself: it reads like a ReadableSpan to the encoder
+            return
+        on_end(ReadableSpan(
             span.name, span.context, span.parent, self._resource, span.attributes,
-            tuple(span.events), (), span.kind, None, span.status, span.start_ns, end_ns,
-            self._scope))
+            tuple(span.events), (), span.kind, None, span.status, span.start_time,
+            span.end_time, self._scope))
+
+
+class _Direct:
+    """The batch queue of the one `BatchSpanProcessor` of a provider whose exporter
+    encodes spans itself (`FastOtlpHttpExporter`): finished light spans go in as they
+    are, without a `ReadableSpan` each and the processors' per-span dispatch."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: Callable[[Any], None]) -> None:
+        self.queue = queue
+
+    def __call__(self, span: ReadableSpan) -> None:
+        self.queue(span)
+
+
+def _direct_sink(processor: Any) -> _Direct | None:
+    """`_Direct` when `processor` (the provider's multi-processor) holds exactly one
+    batch processor, in front of an exporter that says it takes light spans; else None
+    (a console exporter, gRPC, several processors, a test's in-memory exporter)."""
+    inner = getattr(processor, "_span_processors", None)
+    if not isinstance(inner, tuple) or len(inner) != 1:
+        return None
+    (batch,) = inner
+    exporter = getattr(batch, "span_exporter", None)
+    emit = getattr(getattr(batch, "_batch_processor", None), "emit", None)
+    if emit is None or not getattr(exporter, "takes_light_spans", False):
+        return None
+    return _Direct(emit)
 
 
 class LightSpan(Span):
-    __slots__ = ("_ended", "_sink", "attributes", "context", "events", "kind", "name",
-                 "parent", "start_ns", "status")
+    """A recording span; once ended, it has what the OTLP encoder reads of a
+    `ReadableSpan` (`start_time`, `end_time`, `resource`, `instrumentation_scope`, …)."""
+
+    __slots__ = ("_ended", "_sink", "attributes", "context", "end_time", "events", "kind",
+                 "name", "parent", "start_time", "status")
+
+    dropped_attributes = 0
+    links: tuple[Any, ...] = ()
 
     def __init__(self, sink: ChildSpans, name: str, context: SpanContext,
                  parent: SpanContext | None,
                  kind: SpanKind, attributes: dict[str, Any]) -> None:
-        self.start_ns = time_ns()
+        self.start_time = time_ns()
+        self.end_time: int | None = None
         self._sink, self.name, self.context, self.parent = sink, name, context, parent
         self.kind = kind
         self.attributes = {key: _value(value) for key, value in attributes.items()}
@@ -169,5 +211,14 @@ class LightSpan(Span):
         if self._ended:
             return
         self._ended = True
-        self._sink.emit(self, end_time or time_ns())
+        self.end_time = end_time or time_ns()
+        self._sink.emit(self)
+
+    @property
+    def resource(self) -> Any:
+        return self._sink._resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self._sink._scope
 

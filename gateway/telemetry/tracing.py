@@ -136,6 +136,12 @@ class FastOtlpHttpExporter(HttpExporter):
         super().__init__(**kwargs)
         self._encoder = OtlpEncoder()
 
+    @property
+    def takes_light_spans(self) -> bool:
+        """`export` may be given finished `LightSpan`s (read by attribute, like a
+        `ReadableSpan`): it encodes them itself whenever the SDK's client is there."""
+        return getattr(self, "_client", None) is not None
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         client = getattr(self, "_client", None)
         if client is None or getattr(self, "_shutdown", False):

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, Status, StatusCode
 
+from gateway.telemetry.light_span import LightSpan, _Direct
 from gateway.telemetry.otlp_encode import OtlpEncoder
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.tracing import FastOtlpHttpExporter, resource_from_env
+from gateway.telemetry.tracing import (
+    FastOtlpHttpExporter,
+    resource_from_env,
+    tracer_provider_from_env,
+)
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request
 
@@ -26,7 +38,7 @@ def recording(resource: Resource) -> tuple[TracerProvider, InMemorySpanExporter]
     return provider, exporter
 
 
-def decoded(spans: list[ReadableSpan]) -> ExportTraceServiceRequest:
+def decoded(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
     return ExportTraceServiceRequest.FromString(OtlpEncoder().request(spans))
 
 
@@ -75,3 +87,42 @@ def test_the_http_exporter_from_the_environment_uses_it() -> None:
     exporter = FastOtlpHttpExporter(endpoint="http://127.0.0.1:1/v1/traces")
     assert isinstance(exporter._encoder, OtlpEncoder)
     exporter.shutdown()
+
+
+class Captured(FastOtlpHttpExporter):
+    """The real exporter, keeping each batch instead of sending it."""
+
+    def __init__(self) -> None:
+        super().__init__(endpoint="http://127.0.0.1:9/v1/traces")
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += spans
+        return SpanExportResult.SUCCESS
+
+
+async def test_spans_handed_to_the_batch_as_they_are_encode_as_their_readable_spans() -> None:
+    exporter = Captured()
+    provider = tracer_provider_from_env({}, exporters=[exporter])
+    assert provider is not None
+    telemetry = Telemetry(provider=provider)
+    await scripted_request(telemetry, FakeClock())
+    await scripted_request(telemetry, FakeClock(), headers={"traceparent": INBOUND},
+                           status=503)
+    provider.force_flush()
+    light = exporter.spans
+    assert len(light) == 12 and all(isinstance(s, LightSpan) for s in light)
+    readable = [ReadableSpan(s.name, s.context, s.parent, s.resource, s.attributes,
+                             tuple(s.events), (), s.kind, None, s.status, s.start_time,
+                             s.end_time, s.instrumentation_scope) for s in light]
+    assert decoded(light) == encode_spans(readable)
+
+
+def test_a_console_exporter_or_a_second_processor_gets_readable_spans() -> None:
+    choices: list[list[SpanExporter]] = [[ConsoleSpanExporter()],
+                                         [Captured(), InMemorySpanExporter()]]
+    for exporters in choices:
+        provider = tracer_provider_from_env({}, exporters=exporters)
+        assert provider is not None
+        children = Telemetry(provider=provider).children
+        assert children is not None and not isinstance(children._on_end, _Direct)
