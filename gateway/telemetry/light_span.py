@@ -20,6 +20,7 @@ callers drop `None` with `spans.clean`), so they are not validated again.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from time import time_ns
 from typing import Any
@@ -42,10 +43,16 @@ from opentelemetry.util.types import Attributes, AttributeValue
 _UNSET = Status(StatusCode.UNSET)
 
 
-def _value(value: Any) -> Any:
-    """Lists become tuples, as the SDK stores them (a span's attributes are immutable)."""
-    return tuple(value) if isinstance(value, list) else value
+def _frozen(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Lists become tuples, as the SDK stores them, for a `ReadableSpan`. The OTLP path
+    encodes a light span's own dict as it is: its lists are fresh ones the span alone
+    holds, and nothing changes them once it has ended."""
+    return {key: tuple(value) if type(value) is list else value
+            for key, value in attributes.items()}
+
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+SPANS_PER_REQUEST = 6  # root, auth, rate limit, route, queue wait, upstream
 
 
 class ChildSpans:
@@ -105,18 +112,33 @@ class ChildSpans:
         return LightSpan(self, name, span_context, parent, kind, dict(result.attributes or {}))
 
     def start(self, name: str, parent: SpanContext, kind: SpanKind,
-              attributes: dict[str, Any]) -> LightSpan:
+              attributes: dict[str, Any], root: Span | None = None) -> LightSpan:
+        """A child of `parent`; given its light `root`, the child is handed over together
+        with the root when the root ends (one hand-off per request on the direct path)."""
         context = SpanContext(parent.trace_id, self._new_span_id(), False, _SAMPLED,
                               parent.trace_state)
-        return LightSpan(self, name, context, parent, kind, attributes)
+        span = LightSpan(self, name, context, parent, kind, attributes)
+        if type(root) is LightSpan and type(self._on_end) is _Direct:
+            span._root = root
+        return span
 
     def emit(self, span: LightSpan) -> None:
         on_end = self._on_end
         if type(on_end) is _Direct:
-            on_end.queue(span)  # the span itself: it reads like a ReadableSpan to the encoder
+            root = span._root
+            if root is not None and not root._ended:
+                root._held.append(span)  # goes with the root, the request's last span
+                return
+            held = span._held
+            if held:  # the request's spans, children first as they ended: one queue item
+                held.append(span)
+                on_end.queue(held)
+                span._held = []
+            else:  # the span itself: it reads like a ReadableSpan to the encoder
+                on_end.queue(span)
             return
         on_end(ReadableSpan(
-            span.name, span.context, span.parent, self._resource, span.attributes,
+            span.name, span.context, span.parent, self._resource, _frozen(span.attributes),
             tuple(span.events), (), span.kind, None, span.status, span.start_time,
             span.end_time, self._scope))
 
@@ -144,18 +166,36 @@ def _direct_sink(processor: Any) -> _Direct | None:
         return None
     (batch,) = inner
     exporter = getattr(batch, "span_exporter", None)
-    emit = getattr(getattr(batch, "_batch_processor", None), "emit", None)
+    queue = getattr(batch, "_batch_processor", None)
+    emit = getattr(queue, "emit", None)
     if emit is None or not getattr(exporter, "takes_light_spans", False):
         return None
+    _count_requests(queue)
     return _Direct(emit)
+
+
+def _count_requests(queue: Any) -> None:
+    """The batch queue's limits (`OTEL_BSP_MAX_QUEUE_SIZE`, `_MAX_EXPORT_BATCH_SIZE`)
+    count spans; its items here are mostly whole requests, so they are divided by a
+    request's spans. Once per queue; left alone if the SDK's queue is not as expected."""
+    size, batch = getattr(queue, "_max_queue_size", None), getattr(
+        queue, "_max_export_batch_size", None)
+    old = getattr(queue, "_queue", None)
+    if (getattr(queue, "_routegate_per_request", False) or not isinstance(size, int)
+            or not isinstance(batch, int) or not isinstance(old, deque) or old):
+        return
+    queue._max_queue_size = max(1, size // SPANS_PER_REQUEST)
+    queue._queue = deque(maxlen=queue._max_queue_size)
+    queue._max_export_batch_size = max(1, batch // SPANS_PER_REQUEST)
+    queue._routegate_per_request = True
 
 
 class LightSpan(Span):
     """A recording span; once ended, it has what the OTLP encoder reads of a
     `ReadableSpan` (`start_time`, `end_time`, `resource`, `instrumentation_scope`, …)."""
 
-    __slots__ = ("_ended", "_sink", "attributes", "context", "end_time", "events", "kind",
-                 "name", "parent", "start_time", "status")
+    __slots__ = ("_ended", "_held", "_root", "_sink", "attributes", "context", "end_time",
+                 "events", "kind", "name", "parent", "start_time", "status")
 
     dropped_attributes = 0
     links: tuple[Any, ...] = ()
@@ -167,10 +207,12 @@ class LightSpan(Span):
         self.end_time: int | None = None
         self._sink, self.name, self.context, self.parent = sink, name, context, parent
         self.kind = kind
-        self.attributes = {key: _value(value) for key, value in attributes.items()}
+        self.attributes = attributes  # the caller's fresh dict (see `_frozen`)
         self.events: list[Event] = []
         self.status = _UNSET
         self._ended = False
+        self._root: LightSpan | None = None
+        self._held: list[LightSpan] = []
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -180,12 +222,12 @@ class LightSpan(Span):
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         if not self._ended:
-            self.attributes[key] = _value(value)
+            self.attributes[key] = list(value) if type(value) is list else value
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Values as given: the gateway's callers pass fresh lists (see `_frozen`)."""
         if not self._ended:
-            for key, value in attributes.items():
-                self.attributes[key] = _value(value)
+            self.attributes.update(attributes)
 
     def add_event(self, name: str, attributes: Attributes = None,
                   timestamp: int | None = None) -> None:

@@ -76,6 +76,17 @@ def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
 
 
+def _flat(items: Sequence[Any]) -> list[Any]:
+    """Batch items are spans, or a request's spans handed over as one list."""
+    out: list[Any] = []
+    for item in items:
+        if type(item) is list:
+            out += item
+        else:
+            out.append(item)
+    return out
+
+
 class OtlpEncoder:
     """One per exporter (its caches are not shared; the batch thread is its only user)."""
 
@@ -88,7 +99,7 @@ class OtlpEncoder:
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then scope."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-        for span in spans:
+        for span in _flat(spans):
             resource, scope = span.resource, span.instrumentation_scope
             by_scope = groups.setdefault(id(resource), (resource, {}))[1]
             by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))

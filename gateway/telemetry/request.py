@@ -307,7 +307,7 @@ class RequestTelemetry:
             a.GEN_AI_RESPONSE_MODEL: self.response_model, a.GEN_AI_RESPONSE_ID: self.response_id,
             a.GEN_AI_USAGE_INPUT_TOKENS: self.input_tokens,
             a.GEN_AI_USAGE_OUTPUT_TOKENS: self.output_tokens,
-            a.GEN_AI_RESPONSE_FINISH_REASONS: self.finish_reasons or None,
+            a.GEN_AI_RESPONSE_FINISH_REASONS: list(self.finish_reasons) or None,
             a.RG_ACTUAL_TTFT_MS: split.ttft_ms, a.RG_QUEUE_WAIT_MS: split.queue_ms,
             a.RG_GW_MS: split.gw_ms, a.RG_UPSTREAM_MS: split.upstream_ms,
             a.RG_INFERENCE_MS: split.inference_ms, a.RG_TOTAL_MS: split.total_ms,

@@ -179,7 +179,7 @@ class RequestTrace:
             return self._root
         if self._children is not None:
             return self._children.start(name, self._root.get_span_context(), SpanKind.INTERNAL,
-                                        clean(attributes) if attributes else {})
+                                        clean(attributes) if attributes else {}, self._root)
         return self._tracer.start_span(
             name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
         )
@@ -194,7 +194,7 @@ class RequestTrace:
             return self._root  # see start()
         if self._children is not None:
             return self._children.start(name, self._root.get_span_context(), SpanKind.CLIENT,
-                                        clean(attributes) if attributes else {})
+                                        clean(attributes) if attributes else {}, self._root)
         return self._tracer.start_span(
             name, context=self._root_ctx, kind=SpanKind.CLIENT,
             attributes=clean(attributes) if attributes else None,

@@ -101,7 +101,7 @@ class Captured(FastOtlpHttpExporter):
         return SpanExportResult.SUCCESS
 
 
-async def test_spans_handed_to_the_batch_as_they_are_encode_as_their_readable_spans() -> None:
+async def test_a_requests_spans_go_to_the_batch_together_and_encode_as_readable_spans() -> None:
     exporter = Captured()
     provider = tracer_provider_from_env({}, exporters=[exporter])
     assert provider is not None
@@ -110,8 +110,11 @@ async def test_spans_handed_to_the_batch_as_they_are_encode_as_their_readable_sp
     await scripted_request(telemetry, FakeClock(), headers={"traceparent": INBOUND},
                            status=503)
     provider.force_flush()
-    light = exporter.spans
-    assert len(light) == 12 and all(isinstance(s, LightSpan) for s in light)
+    requests = exporter.spans
+    assert [len(r) for r in requests] == [6, 6]  # type: ignore[arg-type]
+    light = [s for r in requests for s in r]  # type: ignore[attr-defined]
+    assert all(isinstance(s, LightSpan) for s in light)
+    assert requests[0][-1].parent is None  # type: ignore[index]  # the root comes last
     readable = [ReadableSpan(s.name, s.context, s.parent, s.resource, s.attributes,
                              tuple(s.events), (), s.kind, None, s.status, s.start_time,
                              s.end_time, s.instrumentation_scope) for s in light]
@@ -126,3 +129,29 @@ def test_a_console_exporter_or_a_second_processor_gets_readable_spans() -> None:
         assert provider is not None
         children = Telemetry(provider=provider).children
         assert children is not None and not isinstance(children._on_end, _Direct)
+
+
+async def test_a_child_ending_after_its_root_is_still_exported() -> None:
+    exporter = Captured()
+    provider = tracer_provider_from_env({}, exporters=[exporter])
+    assert provider is not None
+    tel = Telemetry(provider=provider).begin(request_id="r", method="POST",
+                                             path="/v1/chat/completions", headers={})
+    late = tel.trace.start("routegate.late")
+    tel.trace.end(200)
+    late.end()
+    provider.force_flush()
+    assert all(isinstance(s, LightSpan) for s in exporter.spans)  # each on its own
+    (scope,) = decoded(exporter.spans).resource_spans[0].scope_spans
+    assert [s.name for s in scope.spans] == ["POST /v1/chat/completions", "routegate.late"]
+
+
+def test_the_batch_limits_count_spans_while_its_items_are_requests() -> None:
+    provider = tracer_provider_from_env({}, exporters=[Captured()])
+    assert provider is not None
+    Telemetry(provider=provider)
+    Telemetry(provider=provider)  # a second app on the same provider: divided once
+    (batch,) = provider._active_span_processor._span_processors
+    queue = batch._batch_processor  # type: ignore[attr-defined]
+    assert queue._max_export_batch_size == 2048 // 6
+    assert queue._queue.maxlen == queue._max_queue_size == 8192 // 6
