@@ -6,7 +6,9 @@ span for the gateway's spans, on the core that serves requests (the batch thread
 shares the GIL). This writes the same `ExportTraceServiceRequest` bytes directly
 (tested by decoding them with `opentelemetry-proto`), remembering the encoded
 form of attribute pairs that repeat from request to request (method, route,
-backend, model, tenant, …), the resource and the instrumentation scope.
+backend, model, tenant, …), the head of each timing attribute, span names and kinds,
+the resource and the instrumentation scope; what a request's spans share (trace id,
+the children's parent id) is written once for the run of spans that share it.
 
 Field numbers are those of opentelemetry/proto/trace/v1/trace.proto and
 common/v1/common.proto.
@@ -26,6 +28,11 @@ _FIXED32 = struct.Struct("<I").pack
 _FLAGS_HAS_IS_REMOTE = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_IS_REMOTE = 0x200
 _CACHED_PAIRS_MAX = 4096
+_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano, end_time_unix_nano (fixed64)
+# Span.status without a description, by code (UNSET, OK, ERROR); Span.flags (field 16).
+_STATUS = (b"\x7a\x00", b"\x7a\x02\x18\x01", b"\x7a\x02\x18\x02")
+_REMOTE_PARENT = b"\x85\x01" + _FIXED32(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
+_LOCAL = b"\x85\x01" + _FIXED32(_FLAGS_HAS_IS_REMOTE)
 _CACHED_STRING_MAX_CHARS = 128
 
 
@@ -67,6 +74,14 @@ def _any_value(value: Any) -> bytes:
     return b""  # None, or a type OTLP cannot carry: an empty AnyValue
 
 
+def _payload(field: bytes) -> bytes:
+    """The payload of one length-delimited field (tag of one byte)."""
+    position = 1
+    while field[position] & 0x80:
+        position += 1
+    return field[position + 1:]
+
+
 def _flags(remote: bool) -> int:
     """SpanFlags: whether the parent (or a link's span) is remote, and that this is known."""
     return _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if remote else 0)
@@ -76,37 +91,36 @@ def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
 
 
-def _flat(items: Sequence[Any]) -> list[Any]:
-    """Batch items are spans, or a request's spans handed over as one list."""
-    out: list[Any] = []
-    for item in items:
-        if type(item) is list:
-            out += item
-        else:
-            out.append(item)
-    return out
-
-
 class OtlpEncoder:
     """One per exporter (its caches are not shared; the batch thread is its only user)."""
 
     def __init__(self) -> None:
+        self._last_trace = self._last_parent = -1
+        self._last_trace_field = self._last_parent_field = b""
+        self._names: dict[tuple[str, Any], bytes] = {}  # (name, kind) → name and kind fields
         self._pairs: dict[tuple[bytes, str, type, Any], bytes] = {}
         self._keys: dict[str, bytes] = {}  # key → KeyValue.key field
+        self._doubles: dict[tuple[bytes, str], bytes] = {}  # a double pair's field head
         self._resources: dict[Any, bytes] = {}
         self._scopes: dict[Any, bytes] = {}
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """ExportTraceServiceRequest bytes: spans grouped by resource, then scope."""
+        """ExportTraceServiceRequest bytes: spans grouped by resource, then scope. An item
+        may be one request's spans as a list (they share one resource and scope)."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-        for span in _flat(spans):
-            resource, scope = span.resource, span.instrumentation_scope
+        span_field = self._span_field
+        for item in spans:
+            group = item if type(item) is list else (item,)
+            first = group[0]
+            resource, scope = first.resource, first.instrumentation_scope
             by_scope = groups.setdefault(id(resource), (resource, {}))[1]
-            by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))
+            encoded = by_scope.setdefault(id(scope), (scope, []))[1]
+            for span in group:
+                encoded.append(span_field(span))
         out = []
         for resource, by_scope in groups.values():
             scope_spans = b"".join(
-                _field(b"\x12", self._scope(scope) + b"".join(_field(b"\x12", s) for s in encoded)
+                _field(b"\x12", self._scope(scope) + b"".join(encoded)
                        + (_field(b"\x1a", scope.schema_url.encode())
                           if scope is not None and scope.schema_url else b""))
                 for scope, encoded in by_scope.values())
@@ -117,20 +131,38 @@ class OtlpEncoder:
         return b"".join(out)
 
     def span(self, span: ReadableSpan) -> bytes:
+        """One Span message's bytes."""
+        return _payload(self._span_field(span))
+
+    def _span_field(self, span: ReadableSpan) -> bytes:
+        """ScopeSpans.spans (field 2) for one span. What a request's spans share is encoded
+        once: the trace id of the span before, the parent id of the span before (children
+        of one root), the name and kind, the status and flags of common spans."""
         context = span.get_span_context()
         assert context is not None  # an SDK span always has one
-        parts = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"),
-                 b"\x12\x08", context.span_id.to_bytes(8, "big")]
+        trace_id = context.trace_id
+        if trace_id != self._last_trace:
+            self._last_trace = trace_id
+            self._last_trace_field = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
+        parts = [self._last_trace_field, context.span_id.to_bytes(8, "big")]
         if context.trace_state:
             parts.append(_field(b"\x1a", ",".join(
                 f"{k}={v}" for k, v in context.trace_state.items()).encode()))
         parent = span.parent
         if parent is not None:
-            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-        parts += (_field(b"\x2a", span.name.encode()),
-                  b"\x30", _varint(span.kind.value + 1),  # OTLP kinds count from 1
-                  b"\x39", _FIXED64(span.start_time or 0),
-                  b"\x41", _FIXED64(span.end_time or 0))
+            parent_id = parent.span_id
+            if parent_id != self._last_parent:
+                self._last_parent = parent_id
+                self._last_parent_field = b"\x22\x08" + parent_id.to_bytes(8, "big")
+            parts.append(self._last_parent_field)
+        kind = span.kind
+        named = self._names.get((span.name, kind))
+        if named is None:
+            if len(self._names) >= _CACHED_PAIRS_MAX:
+                self._names.clear()
+            named = self._names[(span.name, kind)] = (
+                _field(b"\x2a", span.name.encode()) + b"\x30" + _varint(kind.value + 1))
+        parts += (named, _TIMES(0x39, span.start_time or 0, 0x41, span.end_time or 0))
         if span.attributes:
             parts.append(self._attributes(b"\x4a", span.attributes))
         if span.dropped_attributes:
@@ -148,17 +180,17 @@ class OtlpEncoder:
             body += b"\x35" + _FIXED32(_flags(link.context.is_remote))
             parts.append(_field(b"\x6a", body))
         status = span.status
-        status_body = b""
         if status.description:
-            status_body += _field(b"\x12", status.description.encode())
-        if status.status_code.value:
-            status_body += b"\x18" + _varint(status.status_code.value)
-        parts.append(_field(b"\x7a", status_body))
-        parts += (b"\x85\x01", _FIXED32(_flags(parent is not None and parent.is_remote)))
-        return b"".join(parts)
+            parts.append(_field(b"\x7a", _field(b"\x12", status.description.encode())
+                                + (b"\x18" + _varint(status.status_code.value)
+                                   if status.status_code.value else b"")))
+        else:
+            parts.append(_STATUS[status.status_code.value])
+        parts.append(_REMOTE_PARENT if parent is not None and parent.is_remote else _LOCAL)
+        return _field(b"\x12", b"".join(parts))
 
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any]) -> bytes:
-        pairs, keys = self._pairs, self._keys
+        pairs, keys, doubles = self._pairs, self._keys, self._doubles
         out = []
         for key, value in attributes.items():
             kind = type(value)
@@ -170,15 +202,21 @@ class OtlpEncoder:
                     cached = pairs[(tag, key, kind, value)] = _field(tag, _key_value(key, value))
                 out.append(cached)
                 continue
+            if kind is float:  # the timings: the whole field but the 8 bytes of the double
+                head = doubles.get((tag, key))
+                if head is None:
+                    if len(doubles) >= _CACHED_PAIRS_MAX:
+                        doubles.clear()
+                    head = doubles[(tag, key)] = _field(
+                        tag, _field(b"\x0a", key.encode()) + b"\x12\x09\x21" + bytes(8))[:-8]
+                out += (head, _DOUBLE(value))
+                continue
             prefix = keys.get(key)
             if prefix is None:
                 if len(keys) >= _CACHED_PAIRS_MAX:
                     keys.clear()
                 prefix = keys[key] = _field(b"\x0a", key.encode())
-            if kind is float:  # the timings: KeyValue.value = AnyValue{double}
-                out.append(_field(tag, prefix + b"\x12\x09\x21" + _DOUBLE(value)))
-            else:
-                out.append(_field(tag, prefix + _field(b"\x12", _any_value(value))))
+            out.append(_field(tag, prefix + _field(b"\x12", _any_value(value))))
         return b"".join(out)
 
     def _resource(self, resource: Any) -> bytes:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -155,3 +157,20 @@ def test_the_batch_limits_count_spans_while_its_items_are_requests() -> None:
     queue = batch._batch_processor  # type: ignore[attr-defined]
     assert queue._max_export_batch_size == 2048 // 6
     assert queue._queue.maxlen == queue._max_queue_size == 8192 // 6
+
+
+def test_spans_of_interleaved_traces_and_parents_and_each_status_encode_as_the_sdk() -> None:
+    provider, exporter = recording(resource_from_env({}, "routegate"))
+    tracer = provider.get_tracer("t")
+    roots = [tracer.start_span("a"), tracer.start_span("b")]
+    for n, code in enumerate((StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR) * 2):
+        parent = roots[n % 2]
+        child = tracer.start_span("c", context=trace.set_span_in_context(parent))
+        child.set_status(Status(code))
+        child.end()
+    for root in roots:
+        root.end()
+    spans = list(exporter.get_finished_spans())
+    assert decoded(spans) == encode_spans(spans)
+    one = OtlpEncoder().span(spans[0])
+    assert Span.FromString(one) == encode_spans(spans[:1]).resource_spans[0].scope_spans[0].spans[0]
