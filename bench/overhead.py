@@ -26,18 +26,24 @@ import argparse
 import asyncio
 import hashlib
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen import (  # bench/ is this script's folder
+    KEY,
+    Result,
+    cpu_seconds,
+    free_port,
+    load,
+    peak_rss_mb,
+    pinned,
+    wait_listening,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
-KEY = "bench-key"
 
 CHAT_REPLY = (
     b'{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"m",'
@@ -138,117 +144,6 @@ def _run_app(app: object, port: int) -> None:
                 print=None, handler_cancellation=True)
 
 
-# --- load generator -------------------------------------------------------------------
-
-def _request_bytes(port: int, stream: bool, authorized: bool) -> bytes:
-    body = (b'{"model":"chat","messages":[{"role":"system","content":"You are terse."},'
-            b'{"role":"user","content":"Say hello in a few words, please."}],"max_tokens":32'
-            + (b',"stream":true' if stream else b"") + b"}")
-    auth = f"Authorization: Bearer {KEY}\r\n".encode() if authorized else b""
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port + auth
-            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-
-
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    payload: bytes) -> tuple[float, float]:
-    """One request on a kept-alive connection: (seconds to first body byte, total)."""
-    start = time.perf_counter()
-    writer.write(payload)
-    head = await reader.readuntil(b"\r\n\r\n")
-    if head[9:12] != b"200":
-        raise RuntimeError(f"HTTP {head[9:12].decode()}: {head[:200]!r}")
-    lower = head.lower()
-    first = None
-    if b"transfer-encoding: chunked" in lower:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            await reader.readexactly(size + 2)
-            if first is None:
-                first = time.perf_counter()
-    else:
-        marker = lower.index(b"content-length:") + 15
-        length = int(lower[marker:lower.index(b"\r\n", marker)])
-        await reader.readexactly(length)
-    end = time.perf_counter()
-    return (first or end) - start, end - start
-
-
-@dataclass
-class Result:
-    rps: float
-    latencies_ms: list[float]
-    first_byte_ms: list[float]
-    cpu_us: float = 0.0  # CPU of the process under test per request (upstream for direct)
-
-    def pct(self, q: float, first: bool = False) -> float:
-        values = sorted(self.first_byte_ms if first else self.latencies_ms)
-        return values[min(len(values) - 1, int(q * len(values)))]
-
-
-async def load(port: int, concurrency: int, total: int, *, stream: bool = False,
-               authorized: bool = True) -> Result:
-    payload = _request_bytes(port, stream, authorized)
-    per_worker = max(1, total // concurrency)
-    latencies: list[float] = []
-    first_bytes: list[float] = []
-
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for _ in range(per_worker):
-                first, whole = await _exchange(reader, writer, payload)
-                latencies.append(whole * 1000)
-                first_bytes.append(first * 1000)
-        finally:
-            writer.close()
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    return Result(len(latencies) / elapsed, latencies, first_bytes)
-
-
-# --- orchestration --------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def pinned(command: list[str], cores: str) -> list[str]:
-    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
-        return ["taskset", "-c", cores, *command]
-    return command
-
-
-def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port}")
-
-
-def peak_rss_mb(pid: int) -> float:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return float("nan")
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def routegate_policy(upstream: str) -> str:
     key_hash = "sha256:" + hashlib.sha256(KEY.encode()).hexdigest()
     return f"""version: 1
@@ -266,12 +161,6 @@ tenants:
 defaults:
   limits: {{requests_per_minute: 100000000, tokens_per_minute: 1000000000}}
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used: unlike req/s, not skewed by other load."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(port: int, pid: int, counts: dict[int, int], stream_count: int,

@@ -9,7 +9,7 @@ concurrency 16 and 64, CPU time per request of the gateway process, p50/p99 late
 and the spans the receiver got (the batch processor drops rather than blocks when
 its queue is full, so "spans received / expected" shows whether any were lost).
 
-Reuses the load generator and process helpers of `bench/overhead.py`; the gateways
+Reuses the load generator of `bench/loadgen.py` and the policy of `bench/overhead.py`; the gateways
 are pinned to core 0, everything else runs on the other cores; rounds interleave.
 
     .venv/bin/python bench/tracing.py [--quick] [--rounds N]
@@ -27,16 +27,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from overhead import (  # bench/ is this script's folder
-    ROOT,
-    Result,
-    cpu_seconds,
-    free_port,
-    load,
-    pinned,
-    routegate_policy,
-    wait_listening,
-)
+from loadgen import Result, cpu_seconds, free_port, load, pinned, wait_listening  # bench/
+from overhead import ROOT, routegate_policy
 
 SPANS_PER_REQUEST = 6  # root, auth, rate limit, route, queue, upstream
 

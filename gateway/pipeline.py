@@ -23,17 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from gateway.api.rewrite import upstream_body
 from gateway.api.validate import model_name
 from gateway.auth import Authenticator
-from gateway.context import Attempt, Dialect, Endpoint, RequestContext
+from gateway.context import Attempt, Endpoint, RequestContext
 from gateway.errors import (
     TIMING_KEY,
     BadRequest,
@@ -42,25 +40,16 @@ from gateway.errors import (
     NoBackendAvailable,
     PayloadTooLarge,
     RateLimited,
-    UpstreamClientError,
-    UpstreamError,
-    UpstreamTimeout,
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
-from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
-from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
-from gateway.upstream.pool import UpstreamPool, UpstreamResponse
+from gateway.relay import CLIENT_CLOSED, relay_body, relay_stream
+from gateway.upstream.openai import UpstreamFailure
+from gateway.upstream.pool import UpstreamPool
 
 log = logging.getLogger("routegate.pipeline")
 
-# A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
-# parsed: only its `usage` object is picked out of the bytes (`usage_of`).
-MAX_PARSED_REPLY_BYTES = 1 << 20
-CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
-_STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                   "X-Accel-Buffering": "no"}
 _TRACE_HEADERS = ("traceparent", "tracestate")
 
 
@@ -217,9 +206,9 @@ class Pipeline:
                     traced.responded(response.headers, response.status)
                     attempt.status = response.status
                     if ctx.stream and response.content_type == "text/event-stream":
-                        result = await self.relay_stream(ctx, response)
+                        result = await relay_stream(ctx, response)
                     else:
-                        result = await self.relay_body(ctx, response)
+                        result = await relay_body(ctx, response)
                 except UpstreamFailure as failure:
                     attempt.error, attempt.status = failure.error.message, failure.status
                     traced.failed(failure.error.message)
@@ -245,93 +234,6 @@ class Pipeline:
         for observer in self.hooks.observers:
             observer.attempt_finished(ctx, attempt)
 
-    async def relay_body(self, ctx: RequestContext,
-                         response: UpstreamResponse) -> web.Response:
-        name = ctx.target.backend_name if ctx.target else "?"
-        try:
-            data = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
-        finally:
-            response.release()
-        ctx.timing.upstream_finished()
-        status = response.status
-        if 400 <= status < 500 and not _is_openai_error(data):
-            raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
-                                      f"(HTTP {status}): {data[:300].decode(errors='replace')}")
-        if status < 300:
-            reply = _parsed(data) if len(data) <= MAX_PARSED_REPLY_BYTES else None
-            if reply is not None:  # parsed once: usage here, model/id/finish reasons for spans
-                usage = reply.get("usage")
-                ctx.usage = usage if isinstance(usage, dict) else None
-                ctx.telemetry.response_json(reply)
-            else:
-                ctx.usage = usage_of(data)
-        headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
-                   "X-Request-Id": ctx.request_id}
-        for header in PASSTHROUGH_HEADERS:
-            if header in response.headers:
-                headers[header] = response.headers[header]
-        return web.Response(status=status, body=data, headers=headers)
-
-    async def relay_stream(self, ctx: RequestContext,
-                           response: UpstreamResponse) -> web.StreamResponse:
-        name = ctx.target.backend_name if ctx.target else "?"
-        relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
-        ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced
-        content = response.content
-        finished = False
-        try:
-            try:  # nothing has reached the client yet: a failure here may fall back
-                first = await content.readany()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise UpstreamFailure(UpstreamError(
-                    f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
-            if not first:
-                raise UpstreamFailure(UpstreamError(
-                    f"Backend '{name}' closed the stream without sending an event."))
-            client = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
-            client.headers["X-Request-Id"] = ctx.request_id
-            client.headers["Server-Timing"] = ctx.timing.header()
-            await client.prepare(ctx.request)
-            write, write_last = _writers(client, ctx.endpoint.dialect)
-            ctx.bytes_sent = True
-            ctx.status = 200
-            try:
-                out = relay.feed(first)
-                ctx.telemetry.relayed(out)
-                await write(out)
-                try:
-                    while data := await content.readany():
-                        out = relay.feed(data)
-                        if out:
-                            ctx.telemetry.relayed(out)
-                            await write(out)
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    failure = (UpstreamTimeout if isinstance(exc, TimeoutError)
-                               else UpstreamError)(
-                        f"Backend '{name}' failed mid-stream: {exc!r}.")
-                    ctx.error = failure
-                    await write(error_event(failure.body()))
-                else:
-                    finished = True
-                ctx.usage = relay.usage
-                ctx.telemetry.final_chunk(relay.usage_chunk)
-                ctx.timing.upstream_finished()
-                tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
-                # the last bytes and the chunked terminator leave in one transport write
-                await write_last(tail + DONE_EVENT if relay.done else tail)
-            except ConnectionResetError:  # the client went away between two writes
-                ctx.status = CLIENT_CLOSED
-                finished = False
-            return client
-        finally:
-            if finished:
-                response.release()
-            else:
-                response.close()  # drop the connection: the backend stops generating
-
     def exhausted(self, ctx: RequestContext, failures: Sequence[UpstreamFailure],
                   unavailable: Sequence[str]) -> GatewayError:
         if not failures:
@@ -347,24 +249,7 @@ class Pipeline:
             if "Retry-After" in last.headers:
                 headers["Retry-After"] = last.headers["Retry-After"]
             return RateLimited(summary, headers=headers)
-        error = last.error.__class__(summary)
-        return error
-
-
-def _writers(client: web.StreamResponse, dialect: Dialect | None,
-             ) -> tuple[Callable[[bytes], Awaitable[None]], Callable[[bytes], Awaitable[None]]]:
-    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode."""
-    if dialect is None:
-        return client.write, client.write_eof
-    encode = dialect.stream_encoder()
-
-    async def write(data: bytes) -> None:
-        await client.write(encode(data))
-
-    async def write_last(data: bytes) -> None:
-        await client.write_eof(encode(data))
-
-    return write, write_last
+        return last.error.__class__(summary)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -381,42 +266,3 @@ def _describe(failure: UpstreamFailure) -> str:
         if isinstance(message, str):
             text += f" ({message[:200]})"
     return text
-
-
-def _parsed(data: bytes) -> dict[str, Any] | None:
-    try:
-        body = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _is_openai_error(data: bytes) -> bool:
-    try:
-        body = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(body, dict) and isinstance(body.get("error"), dict)
-
-
-def usage_of(data: bytes) -> dict[str, object] | None:
-    """The `usage` object of a JSON response, without parsing the whole body when
-    it is large (an embeddings reply is mostly floats; usage comes last)."""
-    key = data.rfind(b'"usage"')
-    if key < 0:
-        return None
-    start = data.find(b"{", key)
-    if start < 0 or data[key + 7:start].strip(b" :\t\r\n"):
-        return None  # `"usage": null`, or the word in some other position
-    # Usage holds numbers and small nested objects (`*_tokens_details`), never strings
-    # with braces, so the first `}` that balances the `{`s seen so far closes it.
-    end = start
-    while (end := data.find(b"}", end + 1)) >= 0:
-        segment = data[start:end + 1]
-        if segment.count(b"{") == segment.count(b"}"):
-            try:
-                usage = orjson.loads(segment)
-            except orjson.JSONDecodeError:
-                return None
-            return usage if isinstance(usage, dict) else None
-    return None

@@ -1,0 +1,168 @@
+"""Relaying a backend's response to the client: one JSON body, or an SSE stream.
+
+`relay_body` reads a JSON reply once and sends it as one response, its bytes
+untouched; `relay_stream` relays events as they arrive, never buffered. Until the
+first byte has reached the client a failure raises `UpstreamFailure`, so the
+pipeline may try the next candidate; after that it ends the stream with an
+OpenAI-style error event — never a silent truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.context import Dialect, RequestContext
+from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
+from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
+from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
+from gateway.upstream.pool import UpstreamResponse
+
+# A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
+# parsed: only its `usage` object is picked out of the bytes (`usage_of`).
+MAX_PARSED_REPLY_BYTES = 1 << 20
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+_STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                   "X-Accel-Buffering": "no"}
+
+
+async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Response:
+    name = ctx.target.backend_name if ctx.target else "?"
+    try:
+        data = await response.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise UpstreamFailure(UpstreamError(
+            f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
+    finally:
+        response.release()
+    ctx.timing.upstream_finished()
+    status = response.status
+    if 400 <= status < 500 and not _is_openai_error(data):
+        raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
+                                  f"(HTTP {status}): {data[:300].decode(errors='replace')}")
+    if status < 300:
+        reply = _parsed(data) if len(data) <= MAX_PARSED_REPLY_BYTES else None
+        if reply is not None:  # parsed once: usage here, model/id/finish reasons for spans
+            usage = reply.get("usage")
+            ctx.usage = usage if isinstance(usage, dict) else None
+            ctx.telemetry.response_json(reply)
+        else:
+            ctx.usage = usage_of(data)
+    headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
+               "X-Request-Id": ctx.request_id}
+    for header in PASSTHROUGH_HEADERS:
+        if header in response.headers:
+            headers[header] = response.headers[header]
+    return web.Response(status=status, body=data, headers=headers)
+
+async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.StreamResponse:
+    name = ctx.target.backend_name if ctx.target else "?"
+    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
+    ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced
+    content = response.content
+    finished = False
+    try:
+        try:  # nothing has reached the client yet: a failure here may fall back
+            first = await content.readany()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
+        if not first:
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{name}' closed the stream without sending an event."))
+        client = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
+        client.headers["X-Request-Id"] = ctx.request_id
+        client.headers["Server-Timing"] = ctx.timing.header()
+        await client.prepare(ctx.request)
+        write, write_last = _writers(client, ctx.endpoint.dialect)
+        ctx.bytes_sent = True
+        ctx.status = 200
+        try:
+            out = relay.feed(first)
+            ctx.telemetry.relayed(out)
+            await write(out)
+            try:
+                while data := await content.readany():
+                    out = relay.feed(data)
+                    if out:
+                        ctx.telemetry.relayed(out)
+                        await write(out)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                failure = (UpstreamTimeout if isinstance(exc, TimeoutError)
+                           else UpstreamError)(
+                    f"Backend '{name}' failed mid-stream: {exc!r}.")
+                ctx.error = failure
+                await write(error_event(failure.body()))
+            else:
+                finished = True
+            ctx.usage = relay.usage
+            ctx.telemetry.final_chunk(relay.usage_chunk)
+            ctx.timing.upstream_finished()
+            tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
+            # the last bytes and the chunked terminator leave in one transport write
+            await write_last(tail + DONE_EVENT if relay.done else tail)
+        except ConnectionResetError:  # the client went away between two writes
+            ctx.status = CLIENT_CLOSED
+            finished = False
+        return client
+    finally:
+        if finished:
+            response.release()
+        else:
+            response.close()  # drop the connection: the backend stops generating
+
+
+def _writers(client: web.StreamResponse, dialect: Dialect | None,
+             ) -> tuple[Callable[[bytes], Awaitable[None]], Callable[[bytes], Awaitable[None]]]:
+    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode."""
+    if dialect is None:
+        return client.write, client.write_eof
+    encode = dialect.stream_encoder()
+
+    async def write(data: bytes) -> None:
+        await client.write(encode(data))
+
+    async def write_last(data: bytes) -> None:
+        await client.write_eof(encode(data))
+
+    return write, write_last
+
+
+def _parsed(data: bytes) -> dict[str, Any] | None:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _is_openai_error(data: bytes) -> bool:
+    body = _parsed(data)
+    return body is not None and isinstance(body.get("error"), dict)
+
+
+def usage_of(data: bytes) -> dict[str, object] | None:
+    """The `usage` object of a JSON response, without parsing the whole body when
+    it is large (an embeddings reply is mostly floats; usage comes last)."""
+    key = data.rfind(b'"usage"')
+    if key < 0:
+        return None
+    start = data.find(b"{", key)
+    if start < 0 or data[key + 7:start].strip(b" :\t\r\n"):
+        return None  # `"usage": null`, or the word in some other position
+    # Usage holds numbers and small nested objects (`*_tokens_details`), never strings
+    # with braces, so the first `}` that balances the `{`s seen so far closes it.
+    end = start
+    while (end := data.find(b"}", end + 1)) >= 0:
+        segment = data[start:end + 1]
+        if segment.count(b"{") == segment.count(b"}"):
+            try:
+                usage = orjson.loads(segment)
+            except orjson.JSONDecodeError:
+                return None
+            return usage if isinstance(usage, dict) else None
+    return None
