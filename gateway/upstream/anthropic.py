@@ -29,6 +29,7 @@ from gateway.upstream.anthropic_translate import (
     messages_request,
     openai_error,
 )
+from gateway.upstream.http1 import Http1Response
 from gateway.upstream.openai import OpenAIUpstream
 from policies.schema import Backend
 
@@ -62,7 +63,7 @@ class AnthropicResponse:
 
     __slots__ = ("_created", "_response", "content", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse, *, include_usage: bool) -> None:
+    def __init__(self, response: Http1Response, *, include_usage: bool) -> None:
         self._response = response
         self._created = int(time.time())
         self.status = response.status

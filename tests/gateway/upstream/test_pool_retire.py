@@ -1,5 +1,5 @@
-"""A backend changed by a reload: its old session serves the requests that hold it,
-then closes; new requests use the new one."""
+"""A backend changed by a reload: its old connection pool serves the requests that hold
+it, then closes; new requests use the new one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import yaml
 
 from gateway.app import LIVE_POLICY, UPSTREAMS
 from gateway.settings import Settings
+from gateway.upstream.http1 import Http1Client
 from policies.load import loads
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
@@ -32,11 +33,12 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> N
             await asyncio.sleep(0.01)
 
 
-def session_of(gateway: RunningGateway) -> aiohttp.ClientSession:
-    """The session the current policy's `up` backend uses."""
+def session_of(gateway: RunningGateway) -> Http1Client:
+    """The connection pool the current policy's `up` backend uses."""
     pool, live = gateway.app[UPSTREAMS], gateway.app[LIVE_POLICY]
     adapter: Any = pool.get("up", live.current.file.backends["up"])
-    return adapter.session()
+    client: Http1Client = adapter.client()
+    return client
 
 
 async def test_a_retired_session_closes_once_its_stream_has_finished(
