@@ -109,7 +109,12 @@ class ChildSpans:
                                    result.trace_state)
         if not result.decision.is_recording():
             return NonRecordingSpan(span_context)
-        return LightSpan(self, name, span_context, parent, kind, dict(result.attributes or {}))
+        return self._recording_root(name, span_context, parent, kind,
+                                    dict(result.attributes or {}))
+
+    def _recording_root(self, name: str, context: SpanContext, parent: SpanContext | None,
+                        kind: SpanKind, attributes: dict[str, Any]) -> Span:
+        return LightSpan(self, name, context, parent, kind, attributes)
 
     def start(self, name: str, parent: SpanContext, kind: SpanKind,
               attributes: dict[str, Any], root: Span | None = None) -> LightSpan:

@@ -12,6 +12,7 @@ from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.light_span import ChildSpans
 from gateway.telemetry.live import LiveStats
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.record_span import RecordSpans
 from gateway.telemetry.request import RequestTelemetry
 from gateway.telemetry.spans import tracer_of
 from gateway.telemetry.timing import Clock, RequestTimings
@@ -33,7 +34,9 @@ class Telemetry:
         # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
         self.provider: TracerProvider = provider or NoOpTracerProvider()
         self.tracer = tracer_of(self.provider)
-        self.children = ChildSpans.for_tracer(self.tracer)  # None: the no-op or another SDK
+        # The exporter process's records, else light spans; None: the no-op or another SDK.
+        self.children: ChildSpans | None = (RecordSpans.for_tracer(self.tracer)
+                                            or ChildSpans.for_tracer(self.tracer))
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
         self.live = live or LiveStats()

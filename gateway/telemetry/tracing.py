@@ -13,7 +13,14 @@ Recognised variables (https://opentelemetry.io/docs/specs/otel/configuration/sdk
   `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` (ms).
 - `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`.
 - `OTEL_TRACES_SAMPLER` (+ `_ARG`); default `parentbased_always_on`.
-- `OTEL_BSP_*` batch settings are read by the SDK's BatchSpanProcessor itself.
+- `OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION` (`gzip`, `deflate`, `none`),
+  `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`, `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY`.
+- `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`.
+
+With OTLP over HTTP as the only exporter (the usual production setting) spans are
+encoded and sent by a separate exporter process (`span_pipe.py`); the request path
+only records them. `ROUTEGATE_TRACE_EXPORT=thread` keeps the SDK's batch thread in
+the gateway process instead; gRPC, console and several exporters always use it.
 
 When neither an exporter nor an OTLP endpoint is named, tracing stays off and the
 gateway uses the API's no-op provider: spans cost a few attribute look-ups.
@@ -46,6 +53,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from gateway.telemetry.otlp_encode import OtlpEncoder
+from gateway.telemetry.otlp_post import ExportConfig
+from gateway.telemetry.span_pipe import SpanPipe
 
 log = logging.getLogger("routegate.tracing")
 
@@ -154,8 +163,43 @@ class FastOtlpHttpExporter(HttpExporter):
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 
 
-def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
-    """The exporters the environment asks for; empty when it asks for none."""
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = (env.get(name) or "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError as exc:
+        raise TracingConfigError(f"{name}={value!r} is not a whole number") from exc
+
+
+def export_process_config(env: Mapping[str, str]) -> ExportConfig | None:
+    """Where the exporter process sends spans, when the environment asks for OTLP/HTTP
+    and nothing else (and `ROUTEGATE_TRACE_EXPORT` is not `thread`); else None."""
+    if (env.get("ROUTEGATE_TRACE_EXPORT") or "").strip().lower() == "thread":
+        return None
+    protocol = _get(env, "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    if _exporter_names(env) != ["otlp"] or protocol not in ("http/protobuf", "http"):
+        return None
+    headers = _pairs(_get(env, "OTEL_EXPORTER_OTLP_HEADERS"))
+    timeout_ms = _get(env, "OTEL_EXPORTER_OTLP_TIMEOUT")
+    compression = (_get(env, "OTEL_EXPORTER_OTLP_COMPRESSION") or "none").lower()
+    if compression not in ("none", "gzip", "deflate"):
+        raise TracingConfigError(f"OTEL_EXPORTER_OTLP_COMPRESSION={compression!r}: "
+                                 "use gzip, deflate or none")
+    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return ExportConfig(
+        endpoint=traces_endpoint or f"{(base_endpoint or _HTTP_DEFAULT).rstrip('/')}/v1/traces",
+        headers=headers,
+        timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else DEFAULT_EXPORT_TIMEOUT_S,
+        compression=compression,
+        certificate=_get(env, "OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        client_certificate=_get(env, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+        client_key=_get(env, "OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+    )
+
+
+def _exporter_names(env: Mapping[str, str]) -> list[str]:
+    """`OTEL_TRACES_EXPORTER`'s names; empty when tracing is off."""
     if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
         return []
     names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "").split(",")]
@@ -166,10 +210,13 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
         )
         names = ["otlp"] if has_endpoint else []
+    return [] if "none" in names else names
+
+
+def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
+    """The exporters the environment asks for; empty when it asks for none."""
     exporters: list[SpanExporter] = []
-    for name in names:
-        if name == "none":
-            return []
+    for name in _exporter_names(env):
         if name == "otlp":
             exporters.append(_otlp_exporter(env))
         elif name == "console":
@@ -217,9 +264,19 @@ def tracer_provider_from_env(
     chosen = exporters if exporters is not None else exporters_from_env(env)
     if not chosen:
         return None
-    provider = TracerProvider(
-        sampler=sampler_from_env(env), resource=resource_from_env(env, service_name)
-    )
+    resource = resource_from_env(env, service_name)
+    provider = TracerProvider(sampler=sampler_from_env(env), resource=resource)
+    export = export_process_config(env) if exporters is None else None
+    if export is not None:
+        queue_spans, batch_spans, delay_ms = (
+            _int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS),
+            _int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_EXPORT_BATCH_SPANS),
+            _int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
+        provider.add_span_processor(SpanPipe(
+            export, resource=dict(resource.attributes), schema_url=resource.schema_url,
+            max_queue_spans=queue_spans, max_batch_spans=min(batch_spans, queue_spans),
+            schedule_delay_s=delay_ms / 1000.0))
+        return provider
     # Larger batches than the SDK's 512 unless `OTEL_BSP_*` say otherwise: each export
     # costs ~1 ms of CPU however few spans it carries (HTTP request, connection, netrc
     # lookup), on the core that serves requests. A busy gateway fills a batch in well

@@ -50,12 +50,15 @@ async def start_traced() -> AsyncIterator[StartTraced]:
     """`await start_traced(policy, otlp_url=None)`: the real app with its own telemetry
     (exporting over OTLP/HTTP to `otlp_url` when given; access log to ACCESS_LOGGER)."""
     runners: list[web.AppRunner] = []
+    providers: list[TracerProvider] = []
 
     async def start(policy: Any, otlp_url: str | None = None) -> Traced:
         provider = None
         if otlp_url:
             provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
                                                  "OTEL_BSP_SCHEDULE_DELAY": "50"})
+            if provider is not None:
+                providers.append(provider)
         telemetry = Telemetry(provider=provider,
                               access_log=AccessLog(logging.getLogger(ACCESS_LOGGER)))
         app = create_app(as_policy(policy), Settings(port=0), telemetry=telemetry)
@@ -70,3 +73,5 @@ async def start_traced() -> AsyncIterator[StartTraced]:
     yield start
     for runner in runners:
         await runner.cleanup()
+    for provider in providers:  # stops the exporter process (it flushes to the receiver)
+        await asyncio.to_thread(provider.shutdown)

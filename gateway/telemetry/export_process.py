@@ -1,0 +1,115 @@
+"""The trace exporter process: span records in from the gateway, OTLP/HTTP out.
+
+    python -m gateway.telemetry.export_process FD
+
+FD is this end of a Unix stream socket the gateway (`SpanPipe`) holds the other
+end of; `span_frames.py` says what travels on it.
+
+Spans wait here until a batch is full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`) or the
+oldest has waited `OTEL_BSP_SCHEDULE_DELAY`; then they are encoded (`OtlpEncoder`,
+the same bytes as the in-process exporter) and POSTed (`OtlpPoster`). While a POST
+blocks, the gateway's writes fill the socket and it drops, never waits. End of
+file (the gateway exited, or shut down) exports what is left and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import random
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from gateway.telemetry.otlp_encode import OtlpEncoder
+from gateway.telemetry.otlp_post import ExportConfig, OtlpPoster
+from gateway.telemetry.span_frames import ACK, CONFIG, EOF, FLUSH, RECORDS, FrameReader, frame
+from gateway.telemetry.span_records import Resource, Span, SpansOf
+
+log = logging.getLogger("routegate.tracing.export")
+
+def _new_span_id() -> int:
+    while True:
+        span_id = random.getrandbits(64)
+        if span_id:
+            return span_id
+
+
+class Exporter:
+    """Batches spans and exports them; `post` is the seam (an `OtlpPoster` by default)."""
+
+    def __init__(self, config: dict[str, Any], post: Any = None) -> None:
+        export = ExportConfig(**config["export"])
+        self._post = post or OtlpPoster(export).post
+        self._spans_of = SpansOf(Resource(config["resource"], config.get("schema_url") or ""),
+                                 _new_span_id)
+        self._encoder = OtlpEncoder()
+        self._batch = max(1, int(config["max_batch_spans"]))
+        self.delay_s = float(config["schedule_delay_s"])
+        self.pending: list[Span] = []
+        self.oldest = 0.0  # monotonic time the oldest pending span arrived
+        self.exported = self.failed = 0
+
+    def add(self, payload: bytes) -> None:
+        if not self.pending:
+            self.oldest = time.monotonic()
+        self.pending += self._spans_of(pickle.loads(payload))
+        if len(self.pending) >= self._batch:
+            self.export()
+
+    def due_in(self) -> float | None:
+        """Seconds until the pending spans are due; None when nothing waits."""
+        return self.oldest + self.delay_s - time.monotonic() if self.pending else None
+
+    def export(self) -> None:
+        pending, self.pending = self.pending, []
+        for start in range(0, len(pending), self._batch):
+            chunk = pending[start:start + self._batch]
+            if self._post(self._encoder.request(chunk)):  # type: ignore[arg-type]
+                self.exported += len(chunk)
+            else:
+                self.failed += len(chunk)
+
+
+def serve(sock: socket.socket, post: Any = None) -> int:
+    """Run until the gateway's end closes; the exit status."""
+    frames = FrameReader(sock)
+    kind, payload = frames.next(None)
+    if kind != CONFIG:
+        log.error("trace exporter: expected a config frame, got %r", kind)
+        return 2
+    exporter = Exporter(pickle.loads(payload), post)
+    while True:
+        kind, payload = frames.next(exporter.due_in())
+        if kind == RECORDS:
+            exporter.add(payload)
+        elif kind == FLUSH:
+            exporter.export()
+            sock.sendall(frame(ACK, payload))
+        elif kind == EOF:
+            break
+        due = exporter.due_in()
+        if due is not None and due <= 0:
+            exporter.export()
+    if exporter.pending:
+        exporter.export()
+    if exporter.failed:
+        log.warning("trace exporter: %d spans could not be exported", exporter.failed)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    # The gateway decides when this ends (it closes its end); a Ctrl-C meant for it must
+    # not cut off the spans it flushes on the way out.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    with socket.socket(fileno=int(args[0])) as sock:
+        sock.setblocking(True)
+        return serve(sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The frames between the gateway (`SpanPipe`) and its exporter process.
+
+Each way, a frame is a 5-byte head (payload length, kind) and the payload:
+
+    C  config: pickled dict (ExportConfig fields, resource, batch settings)   first
+    R  records: a pickled list of span records (`span_records.py`)
+    F  flush: 8-byte token; everything received before it is exported, then
+    A  ack: the same token, back to the gateway
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+
+HEAD = struct.Struct("<IB")
+CONFIG, RECORDS, FLUSH, ACK = b"C"[0], b"R"[0], b"F"[0], b"A"[0]
+TOKEN = struct.Struct("<Q")
+_READ_BYTES = 1 << 20
+EOF = -1
+
+
+def frame(kind: int, payload: bytes) -> bytes:
+    return HEAD.pack(len(payload), kind) + payload
+
+
+class FrameReader:
+    """Frames from a blocking socket; `next(timeout_s)` is (kind, payload), (0, b"") on
+    timeout, (EOF, b"") once the other end has closed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock, self._buffer = sock, bytearray()
+
+    def next(self, timeout_s: float | None) -> tuple[int, bytes]:
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= HEAD.size:
+                size, kind = HEAD.unpack_from(buffer)
+                if len(buffer) >= HEAD.size + size:
+                    payload = bytes(buffer[HEAD.size:HEAD.size + size])
+                    del buffer[:HEAD.size + size]
+                    return kind, payload
+            if timeout_s is not None:
+                ready, _, _ = select.select([self._sock], [], [], max(timeout_s, 0.0))
+                if not ready:
+                    return 0, b""
+            try:
+                chunk = self._sock.recv(_READ_BYTES)
+            except ConnectionError:
+                chunk = b""
+            if not chunk:
+                return EOF, b""
+            buffer += chunk
+
+

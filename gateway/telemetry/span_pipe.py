@@ -1,0 +1,268 @@
+"""`SpanPipe`: the span processor that hands finished spans to the exporter process.
+
+The request path appends one record per traced request (`record_span.py`) to a
+bounded deque. A hand-off thread wakes every `handoff_s` (≤ 0.2 s), or as soon as
+a batch's worth is waiting, pickles what is there into one frame and writes it to
+a non-blocking Unix socket whose other end is the exporter process
+(`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
+exporter: a full deque, a full socket or a dead exporter drops the spans and
+counts them (`dropped_spans`, and a log line), as the SDK's batch processor drops
+rather than blocks. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
+spans, here divided by the spans of a request) plus the socket's buffer and at
+most one partly written frame.
+
+The exporter process starts with the first hand-off, and again (at most every
+`restart_after_s`) if it dies. `force_flush` hands off what is queued and waits
+for the process to say it has exported it; `shutdown` flushes, closes the socket
+(end of file: the process exports what is left and exits) and waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from itertools import count
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from gateway.telemetry.light_span import SPANS_PER_REQUEST
+from gateway.telemetry.otlp_post import ExportConfig
+from gateway.telemetry.span_frames import ACK, CONFIG, FLUSH, HEAD, RECORDS, TOKEN, frame
+from gateway.telemetry.span_records import Record, record_of, span_count
+
+log = logging.getLogger("routegate.tracing")
+
+HANDOFF_S = 0.2  # the longest a finished request's spans wait in the gateway process
+SOCKET_BUFFER_BYTES = 4 << 20  # what the exporter may fall behind by before drops
+RESTART_AFTER_S = 5.0
+STOP_TIMEOUT_S = 5.0
+
+
+class SpanPipe(SpanProcessor):
+    """The one span processor of a provider exporting OTLP/HTTP from its own process."""
+
+    takes_records = True  # `RecordSpans.for_tracer` looks for this
+
+    def __init__(self, export: ExportConfig, *, resource: dict[str, Any],
+                 schema_url: str = "", max_queue_spans: int = 8192,
+                 max_batch_spans: int = 2048, schedule_delay_s: float = 5.0,
+                 handoff_s: float = HANDOFF_S, buffer_bytes: int = SOCKET_BUFFER_BYTES,
+                 restart_after_s: float = RESTART_AFTER_S,
+                 command: list[str] | None = None) -> None:
+        self._timeout_s = export.timeout_s
+        self._config = {"export": vars(export), "resource": resource, "schema_url": schema_url,
+                        "max_batch_spans": max_batch_spans,
+                        "schedule_delay_s": schedule_delay_s}
+        self._queue: deque[Record] = deque()
+        self._max_records = max(1, max_queue_spans // SPANS_PER_REQUEST)
+        self._batch_records = max(1, max_batch_spans // SPANS_PER_REQUEST)
+        self._handoff_s = min(handoff_s, schedule_delay_s)
+        self._buffer_bytes, self._restart_after_s = buffer_bytes, restart_after_s
+        self._command = command or [sys.executable, "-m", "gateway.telemetry.export_process"]
+        self.process: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._started_at = -float("inf")
+        self._tail = b""  # the unsent end of a partly written frame
+        self._acks = bytearray()
+        self._tokens = count(1)
+        self.dropped_spans = 0
+        self._warned_at = -float("inf")
+        self._lock = threading.Lock()  # the socket and the process
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="routegate-span-pipe",
+                                        daemon=True)
+        self._thread.start()
+
+    # the request path (event loop) ------------------------------------------
+    def append(self, record: Record) -> None:
+        """One finished request's spans. O(1); never waits."""
+        queue = self._queue
+        if len(queue) >= self._max_records:
+            self._drop([record], "the queue is full")
+            return
+        queue.append(record)
+        if len(queue) == self._batch_records:
+            self._wake.set()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """A span from the SDK's own path (another tracer on this provider)."""
+        scope = span.instrumentation_scope
+        key = (scope.name, scope.version, scope.schema_url) if scope else ("", None, None)
+        self.append(record_of(span, key))
+
+    # the hand-off thread ----------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._handoff_s)
+            self._wake.clear()
+            self.hand_off()
+
+    def hand_off(self) -> None:
+        """Pickle what is queued into one frame and write it, or drop it."""
+        queue = self._queue
+        size = len(queue)
+        if not size:
+            return
+        records = [queue.popleft() for _ in range(size)]
+        with self._lock:
+            if not self._alive():
+                self._drop(records, "the exporter process is not running")
+                return
+            data = frame(RECORDS, pickle.dumps(records, pickle.HIGHEST_PROTOCOL))
+            if not self._send(data):
+                self._drop(records, "the exporter process is behind")
+
+    def _send(self, data: bytes) -> bool:
+        """Write `data` whole or not at all (a partly written frame finishes first)."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            if self._tail:
+                self._tail = self._tail[sock.send(self._tail):]
+                if self._tail:
+                    return False
+            sent = sock.send(data)
+        except BlockingIOError:
+            return False
+        except OSError:  # the exporter process has gone
+            self._gone()
+            return False
+        self._tail = data[sent:]
+        return True
+
+    def _alive(self) -> bool:
+        process = self.process
+        if process is not None and process.poll() is not None:
+            self._gone()
+        if (self.process is None and not self._closed
+                and time.monotonic() - self._started_at >= self._restart_after_s):
+            self._start()
+        return self.process is not None
+
+    def _start(self) -> None:
+        self._started_at = time.monotonic()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._buffer_bytes)
+            self.process = subprocess.Popen(
+                [*self._command, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            mine.close()
+            log.warning("trace exporter process could not start (%s); spans are dropped", exc)
+            return
+        finally:
+            theirs.close()
+        mine.sendall(frame(CONFIG, pickle.dumps(self._config)))
+        mine.setblocking(False)
+        self._sock, self._tail, self._acks = mine, b"", bytearray()
+
+    def _gone(self) -> None:
+        process, self.process = self.process, None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if process is not None:
+            code = process.poll()
+            log.warning("trace exporter process exited (%s); spans are dropped until it "
+                        "restarts (within %.0f s)", code if code is not None else "socket closed",
+                        self._restart_after_s)
+
+    def _drop(self, records: list[Record], why: str) -> None:
+        self.dropped_spans += span_count(records)
+        now = time.monotonic()
+        if now - self._warned_at >= 10.0:  # visible, but not a line per request
+            self._warned_at = now
+            log.warning("dropped spans (%s): %d so far", why, self.dropped_spans)
+
+    # flush and shutdown (not on the event loop) -------------------------------
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Hand off what is queued and wait until the exporter process has exported it."""
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        self.hand_off()
+        with self._lock:
+            sock = self._sock
+            if sock is None or not self._drain(sock, deadline):
+                return not self._queue and sock is None and self.process is None
+            token = next(self._tokens)
+            data = frame(FLUSH, TOKEN.pack(token))
+            self._tail = data
+            if not self._drain(sock, deadline):
+                return False
+            return self._acked(sock, token, deadline)
+
+    def _drain(self, sock: socket.socket, deadline: float) -> bool:
+        """Finish writing the partly written frame, waiting up to `deadline`."""
+        while self._tail:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            _, writable, _ = select.select([], [sock], [], remaining)
+            if writable:
+                try:
+                    self._tail = self._tail[sock.send(self._tail):]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    self._gone()
+                    return False
+        return True
+
+    def _acked(self, sock: socket.socket, token: int, deadline: float) -> bool:
+        acks = self._acks
+        while True:
+            while len(acks) >= HEAD.size + TOKEN.size:
+                size, kind = HEAD.unpack_from(acks)
+                got = TOKEN.unpack_from(acks, HEAD.size)[0] if kind == ACK else 0
+                del acks[:HEAD.size + size]
+                if got >= token:
+                    return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            readable, _, _ = select.select([sock], [], [], remaining)
+            if readable:
+                try:
+                    chunk = sock.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self._gone()
+                    return False
+                acks += chunk
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self.force_flush()
+        self._closed = True
+        self._wake.set()
+        self._thread.join(STOP_TIMEOUT_S)
+        with self._lock:
+            process, sock = self.process, self._sock
+            self.process = self._sock = None
+        if sock is not None:
+            sock.close()  # end of file: the exporter exports what is left and exits
+        if process is not None:
+            try:
+                process.wait(STOP_TIMEOUT_S + self._timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.dropped_spans:
+            log.warning("%d spans were dropped in all", self.dropped_spans)
