@@ -173,6 +173,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         response = await handler(request)
     except GatewayError as exc:
+        # Rendered below and then forgotten. Its traceback and cause hold the frames of
+        # the steps that raised it, and they the request's context, which refers back
+        # to the error: a cycle only the garbage collector would free.
+        exc.__traceback__ = exc.__cause__ = exc.__context__ = None
         error = exc
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like are not errors

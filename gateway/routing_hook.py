@@ -50,7 +50,8 @@ ROUTE_HEADER = "x-routegate-route"
 DECISION_HEADER = "x-routegate-decision"
 PREDICTION_ERROR_STATE = "routing.prediction_error"  # routing.stats.PredictionError
 _ATTEMPT_STARTED_STATE = "routing.attempt_started_s"  # on the request's timing clock
-_CONTEXT_KEY = web.RequestKey("routegate.routing.ctx", RequestContext)
+_CONTEXT_KEY: web.RequestKey[RequestContext | dict[str, str]] = web.RequestKey(
+    "routegate.routing.ctx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +154,11 @@ class RoutingHook:
             self.stats.record_output_tokens(decision.route, output)
 
     def request_finished(self, ctx: RequestContext) -> None:
-        return None
+        # What the response headers need, in place of the context itself: the request
+        # holding its context is a reference cycle, which only the garbage collector
+        # would free (with everything the request allocated) — refcounting frees this.
+        if ctx.request.get(_CONTEXT_KEY) is ctx:
+            ctx.request[_CONTEXT_KEY] = _response_headers(ctx)
 
 
 class _CountingSlots:
@@ -222,15 +227,27 @@ def _error(rejection: Rejection) -> GatewayError:
     return NoBackendAvailable(rejection.message, code=rejection.code)
 
 
-async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
-    ctx = request.get(_CONTEXT_KEY)
-    if ctx is None:
-        return
-    decision = ctx.decision
-    if isinstance(decision, RouteDecision):
-        response.headers.setdefault(DECISION_HEADER, decision.decision_id)
+def _response_headers(ctx: RequestContext) -> dict[str, str]:
+    headers = {}
+    if isinstance(ctx.decision, RouteDecision):
+        headers[DECISION_HEADER] = ctx.decision.decision_id
     if ctx.target is not None:
-        response.headers[ROUTE_HEADER] = ctx.target.key
+        headers[ROUTE_HEADER] = ctx.target.key
+    return headers
+
+
+async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
+    # the context while the request runs (a stream's headers leave mid-request), the
+    # headers it left behind once it has finished
+    entry = request.get(_CONTEXT_KEY)
+    if entry is None:
+        return
+    headers = _response_headers(entry) if isinstance(entry, RequestContext) else entry
+    for name, value in headers.items():
+        if name == DECISION_HEADER:
+            response.headers.setdefault(name, value)
+        else:
+            response.headers[name] = value
 
 
 ROUTING = web.AppKey("routegate.routing", RoutingHook)

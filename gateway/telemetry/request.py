@@ -318,8 +318,11 @@ class RequestTelemetry:
         """Close the request: root span, metrics, dashboard sample, access log (once)."""
         if self.result is not None:
             return self.result
-        if self.attempt is not None:
-            self.attempt.end()  # a disconnect may leave it open
+        # dropped here: the attempt refers back to this request, and a cycle would leave
+        # the request's objects to the garbage collector instead of refcounting
+        attempt, self.attempt = self.attempt, None
+        if attempt is not None:
+            attempt.end()  # a disconnect may leave it open
         self.timings.finish()
         split = self.result = self.timings.split()
         backend, model = self.backend or "", self.model or ""
