@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
+from random import getrandbits
 
 import orjson
 from aiohttp import web
@@ -103,7 +103,9 @@ class Pipeline:
                       error_code=ctx.error.code if ctx.error else None)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
-        policy, timing, request_id = self.live.current, request[TIMING_KEY], os.urandom(12).hex()
+        # 96 random bits: unique, not secret (see limits.limiter._reservation_id)
+        policy, timing, request_id = self.live.current, request[TIMING_KEY], \
+            f"{getrandbits(96):024x}"
         telemetry = self.hooks.telemetry.begin(
             request_id=request_id, method=request.method, path=request.path,
             headers=request.headers, timings=timing,
