@@ -157,7 +157,10 @@ class Http1Client:
             timeouts = self.timeouts
             response._deadline = loop.call_at(loop.time() + timeouts.total_s,
                                               response._expire)
-            protocol.set_response_params(read_timeout=timeouts.first_byte_s)
+            # read_until_eof: a body with neither length nor chunking ends with the
+            # connection, as `ClientSession` reads it
+            protocol.set_response_params(read_until_eof=True,
+                                         read_timeout=timeouts.first_byte_s)
             head = self._heads.get(path)
             if head is None:
                 head = self._heads[path] = (f"POST {self._prefix}{path} HTTP/1.1\r\n"
@@ -191,16 +194,22 @@ class Http1Client:
             waiter: asyncio.Future[ResponseHandler | None] = loop.create_future()
             self._waiters.append(waiter)
             try:
-                handed = await waiter
-            except asyncio.CancelledError:
+                async with asyncio.timeout(self.timeouts.total_s):  # only when waiting
+                    handed = await waiter
+            except (asyncio.CancelledError, TimeoutError) as exc:
                 if waiter.done() and not waiter.cancelled():  # handed over, then cancelled
                     self._give_back(waiter.result(), True)
                 else:
                     self._waiters.remove(waiter)
+                if isinstance(exc, TimeoutError):
+                    raise ServerTimeoutError(
+                        f"No free connection to {self.address} in time") from None
                 raise
             if handed is not None:
-                return handed
-            # None: a connection closed and its slot is ours, to open a new one
+                if handed.is_connected():
+                    return handed
+                handed.close()  # closed by the backend on its way here: open anew
+            # here the slot is ours (None: a connection closed and passed it on)
         else:
             self._open += 1
         try:

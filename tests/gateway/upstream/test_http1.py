@@ -262,3 +262,36 @@ async def test_errors_mid_body_are_aiohttps_payload_errors(server: Server) -> No
         await response.read()
     response.close()
     await client.close()
+
+
+async def test_a_body_with_no_length_is_read_to_the_end_of_the_connection() -> None:
+    async def raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"a\": 1}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(raw, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Http1Client(f"http://127.0.0.1:{port}", max_connections=1, timeouts=RELAXED)
+    response = await client.post("/x", b"{}")
+    assert await response.read() == b'{"a": 1}'
+    response.release()
+    await client.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_waiting_for_a_free_connection_counts_against_the_total_timeout(
+        server: Server) -> None:
+    client = Http1Client(await server.start(echo), max_connections=1,
+                         timeouts=Timeouts(connect_s=1.0, first_byte_s=1.0, total_s=0.2))
+    held = await client.post("/x", b"{}")
+    with pytest.raises(TimeoutError):
+        await client.post("/x", b"{}")
+    held.close()  # (past its own total timeout too by now)
+    response = await client.post("/x", b"{}")  # the timed-out waiter left no trace
+    assert response.status == 200
+    response.release()
+    await client.close()
