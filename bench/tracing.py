@@ -1,18 +1,24 @@
 """What exporting every request's trace costs, measured side by side in one run.
 
-Three `routegate serve` processes with the same policy in front of the same fast fake
-upstream: one with no `OTEL_*` configuration (tracing off: the no-op provider), one
+Four `routegate serve` processes with the same policy in front of the same fast fake
+upstream: one with no `OTEL_*` configuration (tracing off: the no-op provider); two
 exporting every request's spans over OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT`, sampler
-always on) and one sampling 10% of traces (`OTEL_TRACES_SAMPLER=traceidratio`), each
-to its own local receiver that decodes and counts the spans. For each: throughput at
-concurrency 16 and 64, CPU time per request of the gateway process, p50/p99 latency;
-and the spans the receiver got (the batch processor drops rather than blocks when
-its queue is full, so "spans received / expected" shows whether any were lost).
+always on), one from its exporter process (the default) and one from the SDK's batch
+thread inside the gateway process (`ROUTEGATE_TRACE_EXPORT=thread`); and one sampling
+10% of traces (`OTEL_TRACES_SAMPLER=traceidratio`, exporter process), each to its own
+local receiver that decodes and counts the spans. For each: throughput at
+concurrency 16 and 64, CPU time per request of the gateway process and of the
+gateway with its exporter process, p50/p99 latency; and the spans the receiver got
+(spans are dropped rather than waited for when the export falls behind, so "spans
+received / expected" shows whether any were lost).
 
-Reuses the load generator of `bench/loadgen.py` and the policy of `bench/overhead.py`; the gateways
-are pinned to core 0, everything else runs on the other cores; rounds interleave.
+Reuses the load generator of `bench/loadgen.py` and the policy of `bench/overhead.py`.
+Each gateway process (all its threads) is pinned to core 0 once it is up; its exporter
+process is not, as on any multi-core host; everything else runs on the other cores;
+rounds interleave.
 
     .venv/bin/python bench/tracing.py [--quick] [--rounds N]
+    .venv/bin/python bench/tracing.py request-path   # in-process µs per traced request
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen import Result, cpu_seconds, free_port, load, pinned, wait_listening  # bench/
@@ -59,25 +68,136 @@ def run_sink(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-async def measure(port: int, pid: int, counts: dict[int, int]) -> dict[str, Result]:
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (the exporter process of a gateway)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def pin_threads(pid: int, core: int) -> None:
+    """Every thread of `pid` onto `core`; processes it has started keep their own mask."""
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), {core})
+
+
+def with_children_cpu(pid: int) -> float:
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
+
+
+async def measure(port: int, pid: int, counts: dict[int, int]) -> dict[str, Measured]:
     await load(port, 16, 300)  # warm-up
+    await asyncio.sleep(0.3)  # its spans handed off, so their export is not counted below
     results = {}
     for c, n in counts.items():
-        before = cpu_seconds(pid)
-        results[f"c{c}"] = result = await load(port, c, n)
-        result.cpu_us = (cpu_seconds(pid) - before) * 1e6 / len(result.latencies_ms)
+        before, before_all = cpu_seconds(pid), with_children_cpu(pid)
+        result = await load(port, c, n)
+        await asyncio.sleep(0.3)  # this load's spans handed off to the exporter process
+        done = len(result.latencies_ms)
+        results[f"c{c}"] = Measured(result, (cpu_seconds(pid) - before) * 1e6 / done,
+                                    (with_children_cpu(pid) - before_all) * 1e6 / done)
     return results
+
+
+@dataclass
+class Measured:
+    load: Result
+    cpu_us: float  # the gateway process, per request
+    total_cpu_us: float  # the gateway and its exporter process, per request
+
+
+async def request_path(requests: int = 2000, repeats: int = 12) -> None:
+    """Thread CPU µs a traced request adds on the request path, in-process, on the
+    pipeline's own telemetry calls (`scripted_request`), best of `repeats`; and the
+    work the hand-off thread and the exporter process do per request."""
+    sys.path.insert(0, str(ROOT))
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+
+    from gateway.telemetry.export_process import Exporter
+    from gateway.telemetry.otlp_post import ExportConfig
+    from gateway.telemetry.service import Telemetry
+    from gateway.telemetry.span_pipe import SpanPipe
+    from gateway.telemetry.tracing import (
+        FastOtlpHttpExporter,
+        resource_from_env,
+        sampler_from_env,
+        tracer_provider_from_env,
+    )
+    from tests.gateway.telemetry.scripted_request import scripted_request
+
+    class Null(FastOtlpHttpExporter):
+        """The gateway's in-process OTLP/HTTP exporter, sending nothing."""
+
+        def __init__(self) -> None:
+            super().__init__(endpoint="http://127.0.0.1:9/v1/traces")
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    resource = resource_from_env({}, "routegate")
+    provider = TracerProvider(sampler=sampler_from_env({}), resource=resource)
+    pipe = SpanPipe(ExportConfig(endpoint="http://127.0.0.1:9/v1/traces"),
+                    resource=dict(resource.attributes), handoff_s=3600.0,
+                    schedule_delay_s=3600.0,
+                    max_queue_spans=1 << 30, max_batch_spans=1 << 30)
+    provider.add_span_processor(pipe)
+    thread = tracer_provider_from_env({}, exporters=[Null()])
+    sdk = TracerProvider(resource=resource)
+    sdk.add_span_processor(BatchSpanProcessor(Null()))
+    setups = {"off": Telemetry(), "records (exporter process)": Telemetry(provider=provider),
+              "light spans (exporter thread)": Telemetry(provider=thread)}
+    plain = Telemetry(provider=sdk)
+    plain.children = None  # every span through Tracer.start_span
+    setups["SDK spans"] = plain
+    best = dict.fromkeys(setups, float("inf"))
+    for _ in range(repeats):
+        for name, telemetry in setups.items():
+            started = time.thread_time()
+            for _ in range(requests):
+                await scripted_request(telemetry)
+            best[name] = min(best[name], (time.thread_time() - started) * 1e6 / requests)
+            pipe._queue.clear()
+    for name, us in best.items():
+        extra = f"  (+{us - best['off']:.1f} traced)" if name != "off" else ""
+        print(f"request path, {name:32} {us:7.1f} us{extra}")
+    for _ in range(requests):
+        await scripted_request(setups["records (exporter process)"])
+    payload = b"".join([data for _, data in pipe._queue])
+    pipe._queue.clear()  # nothing left for the provider to flush at exit
+    best_export = float("inf")
+    for _ in range(repeats):
+        exporter = Exporter({"export": {"endpoint": "http://127.0.0.1:9/v1/traces"},
+                             "resource": dict(resource.attributes), "max_batch_spans": 2048,
+                             "schedule_delay_s": 3600.0}, post=lambda data: True)
+        started = time.thread_time()
+        exporter.add(payload)
+        exporter.export()
+        best_export = min(best_export, (time.thread_time() - started) * 1e6 / requests)
+    print(f"exporter process, unpickle + encode: {best_export:.1f} us a request "
+          f"({len(payload) / requests:.0f} bytes pickled)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("role", nargs="?", choices=["sink"])
+    parser.add_argument("role", nargs="?", choices=["sink", "request-path"])
     parser.add_argument("--port", type=int)
     args = parser.parse_args(argv)
     if args.role == "sink":
         run_sink(args.port)
+        return 0
+    if args.role == "request-path":
+        asyncio.run(request_path())
         return 0
 
     scale = 0.25 if args.quick else 1.0
@@ -88,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     base_env["PYTHONPATH"] = str(ROOT)
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(command: list[str], port: int, cores: str,
+    def start(command: list[str], port: int, cores: str | None,
               extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(pinned(command, cores), env={**base_env, **(extra or {})},
+        process = subprocess.Popen(pinned(command, cores) if cores else command,
+                                   env={**base_env, **(extra or {})},
                                    cwd=ROOT, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         processes.append(process)
@@ -99,33 +220,39 @@ def main(argv: list[str] | None = None) -> int:
 
     overhead = str(Path(__file__).with_name("overhead.py"))
     policy_path = Path(tempfile.mkstemp(suffix=".yaml")[1])
-    rounds: list[dict[str, dict[str, Result]]] = []
+    rounds: list[dict[str, dict[str, Measured]]] = []
     try:
-        upstream_port, sink_port, sampled_sink_port = free_port(), free_port(), free_port()
+        upstream_port = free_port()
+        sink_ports = [free_port() for _ in range(3)]
         start([python, overhead, "upstream", "--port", str(upstream_port)], upstream_port,
               others)
-        for port in (sink_port, sampled_sink_port):
+        for port in sink_ports:
             start([python, __file__, "sink", "--port", str(port)], port, others)
         policy_path.write_text(routegate_policy(f"http://127.0.0.1:{upstream_port}/v1"))
         serve = [python, "-m", "gateway", "serve", "--policy", str(policy_path), "--port"]
-        off_port, on_port, sampled_port = free_port(), free_port(), free_port()
-        off = start([*serve, str(off_port)], off_port, "0")
-        on = start([*serve, str(on_port)], on_port, "0", {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
-            "OTEL_TRACES_SAMPLER": "always_on"})
-        sampled = start([*serve, str(sampled_port)], sampled_port, "0", {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sampled_sink_port}",
-            "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"})
+        traced = {
+            "all, process": {"OTEL_TRACES_SAMPLER": "always_on"},
+            "all, thread": {"OTEL_TRACES_SAMPLER": "always_on",
+                            "ROUTEGATE_TRACE_EXPORT": "thread"},
+            "10%, process": {"OTEL_TRACES_SAMPLER": "traceidratio",
+                             "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+        }
+        off_port = free_port()
+        gateways = {"off": (start([*serve, str(off_port)], off_port, None), off_port)}
+        for (name, extra), sink_port in zip(traced.items(), sink_ports, strict=True):
+            port = free_port()
+            gateways[name] = (start([*serve, str(port)], port, None, {
+                **extra, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"}), port)
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})
+        for process, port in gateways.values():
+            asyncio.run(load(port, 16, 300))  # the exporter process starts unpinned
+            pin_threads(process.pid, 0)
         for _ in range(args.rounds):
-            rounds.append({
-                "tracing off": asyncio.run(measure(off_port, off.pid, counts)),
-                "all traced": asyncio.run(measure(on_port, on.pid, counts)),
-                "10% traced": asyncio.run(measure(sampled_port, sampled.pid, counts)),
-            })
+            rounds.append({name: asyncio.run(measure(port, process.pid, counts))
+                           for name, (process, port) in gateways.items()})
         spans = []
-        for gateway, port in ((on, sink_port), (sampled, sampled_sink_port)):
+        for (gateway, _), port in zip(list(gateways.values())[1:], sink_ports, strict=True):
             gateway.terminate()  # shutdown flushes the batch still queued
             gateway.wait(30)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5) as r:
@@ -136,41 +263,47 @@ def main(argv: list[str] | None = None) -> int:
                 process.terminate()
                 process.wait(10)
         policy_path.unlink(missing_ok=True)
-    # warm-up + measured requests that went through the traced gateway
-    traced_requests = args.rounds * (300 + sum(
+    # start-up, warm-up and measured requests that went through each traced gateway
+    warm_up = (300 // 16) * 16
+    traced_requests = warm_up + args.rounds * (warm_up + sum(
         (n // c) * c for c, n in counts.items()))
     report(rounds, spans, traced_requests * SPANS_PER_REQUEST)
     return 0
 
 
-def report(rounds: list[dict[str, dict[str, Result]]], spans: list[int], expected: int) -> None:
+def report(rounds: list[dict[str, dict[str, Measured]]], spans: list[int],
+           expected: int) -> None:
     names = list(rounds[0])
 
     def med(name: str, key: str, what: str) -> float:
         values = []
         for r in rounds:
-            result = r[name][key]
-            values.append(result.rps if what == "rps" else result.cpu_us if what == "cpu"
-                          else result.pct(float(what)))
+            m = r[name][key]
+            values.append(m.load.rps if what == "rps" else m.cpu_us if what == "cpu"
+                          else m.total_cpu_us if what == "total" else m.load.pct(float(what)))
         return statistics.median(values)
 
     print(f"\nmedian of {len(rounds)} interleaved rounds")
-    print(f"{'':36}" + "".join(f"{n:>12}" for n in names)
-          + "".join(f"{n.split()[0] + ' / off':>12}" for n in names[1:]))
+    print(f"{'':40}" + "".join(f"{n:>13}" for n in names))
     rows = [("throughput req/s, concurrency 16", "c16", "rps"),
             ("throughput req/s, concurrency 64", "c64", "rps"),
-            ("CPU us per request, concurrency 16", "c16", "cpu"),
-            ("CPU us per request, concurrency 64", "c64", "cpu"),
+            ("gateway CPU us/request, concurrency 16", "c16", "cpu"),
+            ("gateway CPU us/request, concurrency 64", "c64", "cpu"),
+            ("+ exporter process, concurrency 16", "c16", "total"),
+            ("+ exporter process, concurrency 64", "c64", "total"),
             ("latency p50 ms, concurrency 16", "c16", "0.5"),
             ("latency p99 ms, concurrency 16", "c16", "0.99")]
     for label, key, what in rows:
         values = [med(n, key, what) for n in names]
-        fmt = "{:>12.0f}" if what in ("rps", "cpu") else "{:>12.3f}"
-        print(f"{label:36}" + "".join(fmt.format(v) for v in values)
-              + "".join(f"{v / values[0]:>12.3f}" for v in values[1:]))
-    print(f"spans received, all traced: {spans[0]} of {expected} "
-          f"({100 * spans[0] / max(expected, 1):.1f}%); 10% traced: {spans[1]} "
-          f"({100 * spans[1] / max(expected, 1):.1f}%)")
+        fmt = "{:>13.0f}" if what in ("rps", "cpu", "total") else "{:>13.3f}"
+        print(f"{label:40}" + "".join(fmt.format(v) for v in values))
+        if what in ("rps", "cpu", "total"):
+            print(f"{'  / tracing off':40}{'':13}"
+                  + "".join(f"{v / values[0]:>13.3f}" for v in values[1:]))
+    for name, got in zip(names[1:], spans, strict=True):
+        print(f"spans received, {name}: {got} of {expected} "
+              f"({100 * got / max(expected, 1):.1f}%)")
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,10 +17,11 @@ common/v1/common.proto.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
 
 _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
@@ -117,76 +118,119 @@ class OtlpEncoder:
             encoded = by_scope.setdefault(id(scope), (scope, []))[1]
             for span in group:
                 encoded.append(span_field(span))
-        out = []
-        for resource, by_scope in groups.values():
-            scope_spans = b"".join(
-                _field(b"\x12", self._scope(scope) + b"".join(encoded)
-                       + (_field(b"\x1a", scope.schema_url.encode())
-                          if scope is not None and scope.schema_url else b""))
-                for scope, encoded in by_scope.values())
-            schema = getattr(resource, "schema_url", "") or ""
-            body = self._resource(resource) + scope_spans + (
-                _field(b"\x1a", schema.encode()) if schema else b"")
-            out.append(_field(b"\x0a", body))
-        return b"".join(out)
+        return b"".join(self._resource_spans(resource, by_scope.values())
+                        for resource, by_scope in groups.values())
+
+    def records(self, records: Iterable[Sequence[Any]], resource: Any,
+                scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> bytes:
+        """ExportTraceServiceRequest bytes of span records (`span_records.py`), all of one
+        `resource`; `scope_of` turns a record's scope key into a scope, `new_span_id`
+        makes the ids a record leaves to the exporter (0). The same bytes as `request`
+        of the spans `span_records.SpansOf` makes of them with the same ids."""
+        by_scope: dict[Any, tuple[Any, list[bytes]]] = {}
+        fields = self._fields
+        for scope_key, trace_id, state, root, children in records:
+            entry = by_scope.get(scope_key)
+            if entry is None:
+                entry = by_scope[scope_key] = (scope_of(scope_key), [])
+            encoded = entry[1]
+            root_id = root[0] or new_span_id()
+            for (span_id, name, kind, start, end, attributes, events, code,
+                 description) in children:
+                encoded.append(fields(trace_id, span_id or new_span_id(), state, root_id,
+                                      False, name, kind, start, end, attributes, 0, events,
+                                      (), code, description))
+            (_, parent_id, remote, name, kind, start, end, attributes, events, code,
+             description, links, dropped) = root
+            encoded.append(fields(trace_id, root_id, state, parent_id, remote, name, kind,
+                                  start, end, attributes, dropped, events, links, code,
+                                  description))
+        return self._resource_spans(resource, by_scope.values())
+
+    def _resource_spans(self, resource: Any,
+                        by_scope: Iterable[tuple[Any, list[bytes]]]) -> bytes:
+        """ExportTraceServiceRequest.resource_spans (field 1) for one resource."""
+        scope_spans = b"".join(
+            _field(b"\x12", self._scope(scope) + b"".join(encoded)
+                   + (_field(b"\x1a", scope.schema_url.encode())
+                      if scope is not None and scope.schema_url else b""))
+            for scope, encoded in by_scope)
+        schema = getattr(resource, "schema_url", "") or ""
+        body = self._resource(resource) + scope_spans + (
+            _field(b"\x1a", schema.encode()) if schema else b"")
+        return _field(b"\x0a", body)
 
     def span(self, span: ReadableSpan) -> bytes:
         """One Span message's bytes."""
         return _payload(self._span_field(span))
 
     def _span_field(self, span: ReadableSpan) -> bytes:
-        """ScopeSpans.spans (field 2) for one span. What a request's spans share is encoded
-        once: the trace id of the span before, the parent id of the span before (children
-        of one root), the name and kind, the status and flags of common spans."""
         context = span.get_span_context()
         assert context is not None  # an SDK span always has one
-        trace_id = context.trace_id
+        parent = span.parent
+        status = span.status
+        return self._fields(
+            context.trace_id, context.span_id, context.trace_state,
+            parent.span_id if parent is not None else 0,
+            parent is not None and parent.is_remote, span.name, span.kind.value,
+            span.start_time or 0, span.end_time or 0, span.attributes,
+            span.dropped_attributes,
+            [(e.name, e.timestamp, e.attributes) for e in span.events] if span.events else (),
+            [(k.context.trace_id, k.context.span_id, k.context.is_remote, k.attributes)
+             for k in span.links] if span.links else (),
+            status.status_code.value, status.description)
+
+    def _fields(self, trace_id: int, span_id: int, trace_state: Mapping[str, str] | None,
+                parent_id: int, parent_remote: bool, name: str, kind: int, start: int,
+                end: int, attributes: Mapping[str, Any] | None, dropped: int,
+                events: Sequence[tuple[str, int, Any]],
+                links: Sequence[tuple[int, int, bool, Any]], code: int,
+                description: str | None) -> bytes:
+        """ScopeSpans.spans (field 2) for one span (`parent_id` 0: none). What a request's
+        spans share is encoded once: the trace id of the span before, the parent id of
+        the span before (children of one root), the name and kind, the status and flags
+        of common spans."""
         if trace_id != self._last_trace:
             self._last_trace = trace_id
             self._last_trace_field = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
-        parts = [self._last_trace_field, context.span_id.to_bytes(8, "big")]
-        if context.trace_state:
+        parts = [self._last_trace_field, span_id.to_bytes(8, "big")]
+        if trace_state:
             parts.append(_field(b"\x1a", ",".join(
-                f"{k}={v}" for k, v in context.trace_state.items()).encode()))
-        parent = span.parent
-        if parent is not None:
-            parent_id = parent.span_id
+                f"{k}={v}" for k, v in trace_state.items()).encode()))
+        if parent_id:
             if parent_id != self._last_parent:
                 self._last_parent = parent_id
                 self._last_parent_field = b"\x22\x08" + parent_id.to_bytes(8, "big")
             parts.append(self._last_parent_field)
-        kind = span.kind
-        named = self._names.get((span.name, kind))
+        named = self._names.get((name, kind))
         if named is None:
             if len(self._names) >= _CACHED_PAIRS_MAX:
                 self._names.clear()
-            named = self._names[(span.name, kind)] = (
-                _field(b"\x2a", span.name.encode()) + b"\x30" + _varint(kind.value + 1))
-        parts += (named, _TIMES(0x39, span.start_time or 0, 0x41, span.end_time or 0))
-        if span.attributes:
-            parts.append(self._attributes(b"\x4a", span.attributes))
-        if span.dropped_attributes:
-            parts += (b"\x50", _varint(span.dropped_attributes))
-        for event in span.events:
-            body = b"\x09" + _FIXED64(event.timestamp) + _field(b"\x12", event.name.encode())
-            if event.attributes:
-                body += self._attributes(b"\x1a", event.attributes)
+            named = self._names[(name, kind)] = (
+                _field(b"\x2a", name.encode()) + b"\x30" + _varint(kind + 1))
+        parts += (named, _TIMES(0x39, start, 0x41, end))
+        if attributes:
+            parts.append(self._attributes(b"\x4a", attributes))
+        if dropped:
+            parts += (b"\x50", _varint(dropped))
+        for event_name, timestamp, event_attributes in events:
+            body = b"\x09" + _FIXED64(timestamp) + _field(b"\x12", event_name.encode())
+            if event_attributes:
+                body += self._attributes(b"\x1a", event_attributes)
             parts.append(_field(b"\x5a", body))
-        for link in span.links:
-            body = (b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big")
-                    + b"\x12\x08" + link.context.span_id.to_bytes(8, "big"))
-            if link.attributes:
-                body += self._attributes(b"\x22", link.attributes)
-            body += b"\x35" + _FIXED32(_flags(link.context.is_remote))
+        for link_trace, link_span, link_remote, link_attributes in links:
+            body = (b"\x0a\x10" + link_trace.to_bytes(16, "big")
+                    + b"\x12\x08" + link_span.to_bytes(8, "big"))
+            if link_attributes:
+                body += self._attributes(b"\x22", link_attributes)
+            body += b"\x35" + _FIXED32(_flags(link_remote))
             parts.append(_field(b"\x6a", body))
-        status = span.status
-        if status.description:
-            parts.append(_field(b"\x7a", _field(b"\x12", status.description.encode())
-                                + (b"\x18" + _varint(status.status_code.value)
-                                   if status.status_code.value else b"")))
+        if description:
+            parts.append(_field(b"\x7a", _field(b"\x12", description.encode())
+                                + (b"\x18" + _varint(code) if code else b"")))
         else:
-            parts.append(_STATUS[status.status_code.value])
-        parts.append(_REMOTE_PARENT if parent is not None and parent.is_remote else _LOCAL)
+            parts.append(_STATUS[code])
+        parts.append(_REMOTE_PARENT if parent_id and parent_remote else _LOCAL)
         return _field(b"\x12", b"".join(parts))
 
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any]) -> bytes:
