@@ -21,6 +21,20 @@ from gateway.limits.store import WINDOW_S, Rejection, ScopeState
 def go_duration(seconds: float) -> str:
     """`0.12` → `120ms`, `1.5` → `1.5s`, `360` → `6m0s` (rounded up to the millisecond)."""
     ms = max(0, math.ceil(seconds * 1000 - 1e-6))
+    text = _GO_DURATIONS.get(ms)
+    if text is None:
+        if len(_GO_DURATIONS) >= 4096:  # a 60 s window has 60,000 distinct values
+            _GO_DURATIONS.clear()
+        text = _GO_DURATIONS[ms] = _go_duration_ms(ms)
+    return text
+
+
+# Every response carries two of these, nearly always the same few (a window resets
+# in `59.9…s`): formatted once each.
+_GO_DURATIONS: dict[int, str] = {}
+
+
+def _go_duration_ms(ms: int) -> str:
     if ms < 1000:
         return f"{ms}ms" if ms else "0s"
     if ms < 60_000 and ms % 1000 == 0:  # the usual reset of a 60 s window: "59s"

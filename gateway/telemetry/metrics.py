@@ -96,6 +96,7 @@ class GatewayMetrics:
         # (`labels()` locks and hashes on every call); bounded like `_children`.
         self._per_backend: dict[tuple[str, str], Gauge] = {}
         self._decision_children: dict[tuple[str, str, str], Counter] = {}
+        self._prediction_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
         r = self.registry
 
         def hist(name: str, doc: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
@@ -248,12 +249,19 @@ class GatewayMetrics:
     def observe_prediction_error(self, backend: str, model: str, *, ttft_ms: float | None,
                                  total_ms: float | None) -> None:
         """How far routing's latency prediction was off, so ops can see if it is informed."""
-        g = self.label
-        backend, model = g("backend", backend), g("model", model)
+        children = self._prediction_children.get((backend, model))
+        if children is None:
+            if len(self._prediction_children) >= MAX_CACHED_COMBINATIONS:
+                self._prediction_children.clear()
+            g = self.label
+            labels = g("backend", backend), g("model", model)
+            children = self._prediction_children[(backend, model)] = (
+                self.prediction_error.labels(*labels, "ttft"),
+                self.prediction_error.labels(*labels, "total"))
         if ttft_ms is not None:
-            self.prediction_error.labels(backend, model, "ttft").observe(ttft_ms / 1000.0)
+            children[0].observe(ttft_ms / 1000.0)
         if total_ms is not None:
-            self.prediction_error.labels(backend, model, "total").observe(total_ms / 1000.0)
+            children[1].observe(total_ms / 1000.0)
 
     def observe_rejection(self, tenant: str, limit: str) -> None:
         self.rate_limited.labels(self.label("tenant", tenant), limit).inc()
