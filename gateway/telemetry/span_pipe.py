@@ -13,14 +13,15 @@ rather than blocks. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
 spans, here divided by the spans of a request) plus the socket's buffer and at
 most one partly written frame.
 
-The exporter process starts with the first hand-off, and again (at most every
-`restart_after_s`) if it dies. `force_flush` hands off what is queued and waits
+The exporter process starts with the first hand-off, and again `restart_after_s`
+after it died (not during shutdown). `force_flush` hands off what is queued and waits
 for the process to say it has exported it; `shutdown` flushes, closes the socket
 (end of file: the process exports what is left and exits) and waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import socket
@@ -72,7 +73,7 @@ class SpanPipe(SpanProcessor):
         self._command = command or [sys.executable, "-m", "gateway.telemetry.export_process"]
         self.process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._started_at = -float("inf")
+        self._down_since = -float("inf")  # when the exporter process was last lost
         self._tail = b""  # the unsent end of a partly written frame
         self._acks = bytearray()
         self._tokens = count(1)
@@ -80,7 +81,7 @@ class SpanPipe(SpanProcessor):
         self._warned_at = -float("inf")
         self._lock = threading.Lock()  # the socket and the process
         self._wake = threading.Event()
-        self._closed = False
+        self._closed = self._closing = False
         self._thread = threading.Thread(target=self._run, name="routegate-span-pipe",
                                         daemon=True)
         self._thread.start()
@@ -149,13 +150,12 @@ class SpanPipe(SpanProcessor):
         process = self.process
         if process is not None and process.poll() is not None:
             self._gone()
-        if (self.process is None and not self._closed
-                and time.monotonic() - self._started_at >= self._restart_after_s):
+        if (self.process is None and not self._closing
+                and time.monotonic() - self._down_since >= self._restart_after_s):
             self._start()
         return self.process is not None
 
     def _start(self) -> None:
-        self._started_at = time.monotonic()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._buffer_bytes)
@@ -164,6 +164,7 @@ class SpanPipe(SpanProcessor):
                 stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             mine.close()
+            self._down_since = time.monotonic()
             log.warning("trace exporter process could not start (%s); spans are dropped", exc)
             return
         finally:
@@ -174,11 +175,16 @@ class SpanPipe(SpanProcessor):
 
     def _gone(self) -> None:
         process, self.process = self.process, None
+        self._down_since = time.monotonic()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         if process is not None:
             code = process.poll()
+            if code is None:  # alive but its socket is not: of no use any more
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(1.0)  # reaped, not left a zombie
             log.warning("trace exporter process exited (%s); spans are dropped until it "
                         "restarts (within %.0f s)", code if code is not None else "socket closed",
                         self._restart_after_s)
@@ -251,6 +257,7 @@ class SpanPipe(SpanProcessor):
     def shutdown(self) -> None:
         if self._closed:
             return
+        self._closing = True  # a dead exporter is not restarted now
         self.force_flush()
         self._closed = True
         self._wake.set()
