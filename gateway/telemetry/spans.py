@@ -146,8 +146,10 @@ class RequestTrace:
                 name, context=self._inbound, kind=SpanKind.SERVER,
                 attributes=clean(attributes or {}))
         self.recording = self._root.is_recording()
-        # Children are only started under a recording root (see start()).
-        self._root_ctx = trace.set_span_in_context(self._root) if self.recording else None
+        # Children are only started under a recording root (see start()), and only the
+        # SDK's own path (no `children`) starts them from a context.
+        self._root_ctx = (trace.set_span_in_context(self._root)
+                          if self.recording and children is None else None)
 
     @property
     def root(self) -> Span:
@@ -206,10 +208,14 @@ class RequestTrace:
         Without a recording provider the inbound context is forwarded as it came, so a
         backend that traces still joins the caller's trace.
         """
-        context = (
-            trace.set_span_in_context(span) if span.get_span_context().is_valid else self._inbound
-        )
-        _PROPAGATOR.inject(headers, context=context)
+        context = span.get_span_context()
+        if context.is_valid:  # what the W3C propagator writes, without its context lookups
+            headers["traceparent"] = (
+                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}")
+            if context.trace_state:
+                headers["tracestate"] = context.trace_state.to_header()
+            return
+        _PROPAGATOR.inject(headers, context=self._inbound)
 
     def end(self, status_code: int, error_type: str | None = None) -> None:
         if self.recording:

@@ -14,13 +14,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
+    NonRecordingSpan,
     SpanContext,
     SpanKind,
     Status,
     StatusCode,
     TraceFlags,
     TraceState,
+    set_span_in_context,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.telemetry.otlp_encode import OtlpEncoder
 from gateway.telemetry.record_span import RecordedSpan, RecordSpans
@@ -161,3 +164,17 @@ def test_another_tracers_spans_on_the_same_provider_are_recorded_too() -> None:
     assert [s.name for s in spans] == ["linked", "plain"]
     assert isinstance(spans[1].instrumentation_scope, Scope)
     assert spans[1].links[0].context.span_id == linked.get_span_context().span_id
+
+
+async def test_the_injected_traceparent_and_tracestate_are_the_w3c_propagators() -> None:
+    telemetry, kept = recorded()
+    injected: dict[str, str] = {}
+    await scripted_request(telemetry, FakeClock(), headers=INBOUND, injected=injected)
+    ((_, trace_id, state, _, children),) = kept.records
+    (client_id,) = [child[0] for child in children if child[0]]
+    client = SpanContext(trace_id, client_id, False, TraceFlags(TraceFlags.SAMPLED),
+                         TraceState(list(state.items())))
+    expected: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(
+        expected, context=set_span_in_context(NonRecordingSpan(client)))
+    assert injected == expected and expected["tracestate"] == "vendor=abc"
