@@ -9,8 +9,10 @@ for each of direct / bare proxy / routegate:
   streaming time to first byte (first SSE event) at concurrency 1
   CPU time per request of the process under test (robust to other load on the machine)
   peak RSS of each proxy process
-"rg core" is routegate with routing.decide, rate limits and queues swapped for the
-pipeline's defaults (auth, parsing, telemetry and the relay stay): what those cost.
+Two more routegate processes show what the plug-ins cost, each with some of them swapped
+for the pipeline's defaults (auth, parsing, telemetry and the relay always stay):
+"auth+routing" has no rate limits and no queues (the configuration the core targets
+name), "rg core" has no routing decision either (route targets in order).
 
 The proxies are pinned to core 0 with `taskset` when available; the upstream and this
 load generator (a minimal keep-alive HTTP/1.1 client, cheaper than aiohttp's) run on
@@ -110,9 +112,13 @@ def run_bare_proxy(port: int, upstream: str) -> None:
     _run_app(app, port)
 
 
-def run_gateway_core(port: int, policy_path: str) -> None:
-    """routegate with the routing decision, rate limits and queues swapped for the
-    pipeline's defaults (route targets in order, no admission, no queue): what those
+# The gateway variants: name → the plug-ins swapped for the pipeline's defaults.
+VARIANTS = {"auth+routing": ("admission", "queue"), "rg core": ("admission", "queue", "router")}
+
+
+def run_gateway_variant(port: int, policy_path: str, without: tuple[str, ...]) -> None:
+    """routegate with the `without` hooks (`admission`, `queue`, `router`) swapped for the
+    pipeline's defaults (no admission, no queue, route targets in order): what those
     plug-ins cost. Auth, parsing, the relay and telemetry stay."""
     # bench/ is on sys.path as this script's folder, and bench/routing.py would shadow
     # the `routing` package.
@@ -129,8 +135,8 @@ def run_gateway_core(port: int, policy_path: str) -> None:
     settings = Settings(port=port, policy_path=Path(policy_path))
     app = create_app(load(policy_path), settings)
     hooks, defaults = app[HOOKS], Hooks()
-    hooks.admission, hooks.queue, hooks.router = defaults.admission, defaults.queue, \
-        defaults.router
+    for hook in without:
+        setattr(hooks, hook, getattr(defaults, hook))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve(app, settings))
 
@@ -180,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
-    parser.add_argument("role", nargs="?", choices=["upstream", "bare-proxy", "gateway-core"])
+    parser.add_argument("role", nargs="?", choices=["upstream", "bare-proxy", "gateway-variant"])
+    parser.add_argument("--variant", choices=list(VARIANTS))
     parser.add_argument("--policy")
     parser.add_argument("--port", type=int)
     parser.add_argument("--upstream")
@@ -191,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "bare-proxy":
         run_bare_proxy(args.port, args.upstream)
         return 0
-    if args.role == "gateway-core":
-        run_gateway_core(args.port, args.policy)
+    if args.role == "gateway-variant":
+        run_gateway_variant(args.port, args.policy, VARIANTS[args.variant])
         return 0
 
     scale = 0.2 if args.quick else 1.0
@@ -219,30 +226,33 @@ def main(argv: list[str] | None = None) -> int:
                    others)
         upstream = f"http://127.0.0.1:{upstream_port}/v1"
         policy_path.write_text(routegate_policy(upstream))
-        bare_port, gateway_port, core_port = free_port(), free_port(), free_port()
-        bare = start([python, __file__, "bare-proxy", "--port", str(bare_port), "--upstream",
-                      upstream], bare_port, "0")
-        gateway = start([python, "-m", "gateway", "serve", "--policy", str(policy_path),
-                         "--port", str(gateway_port)], gateway_port, "0")
-        core = start([python, __file__, "gateway-core", "--port", str(core_port), "--policy",
-                      str(policy_path)], core_port, "0")
+        proxies: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+        port = free_port()
+        proxies["bare proxy"] = port, start(
+            [python, __file__, "bare-proxy", "--port", str(port), "--upstream", upstream],
+            port, "0")
+        port = free_port()
+        proxies["routegate"] = port, start(
+            [python, "-m", "gateway", "serve", "--policy", str(policy_path), "--port",
+             str(port)], port, "0")
+        for variant in VARIANTS:
+            port = free_port()
+            proxies[variant] = port, start(
+                [python, __file__, "gateway-variant", "--variant", variant, "--port", str(port),
+                 "--policy", str(policy_path)], port, "0")
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})  # the load generator
-        # Both proxies idle on core 0 while the other is measured; the rounds interleave so
-        # that noise from anything else on the machine hits all three alike.
+        # The proxies idle on core 0 while another is measured; the rounds interleave so
+        # that noise from anything else on the machine hits them all alike.
         for _ in range(args.rounds):
-            rounds.append({
-                "direct": asyncio.run(measure(upstream_port, up.pid, counts, stream_count,
-                                              False)),
-                "bare proxy": asyncio.run(measure(bare_port, bare.pid, counts, stream_count,
-                                                  False)),
-                "routegate": asyncio.run(measure(gateway_port, gateway.pid, counts,
-                                                 stream_count, True)),
-                "rg core": asyncio.run(measure(core_port, core.pid, counts, stream_count,
-                                               True)),
-            })
-        rss["bare proxy"], rss["routegate"] = peak_rss_mb(bare.pid), peak_rss_mb(gateway.pid)
-        rss["rg core"] = peak_rss_mb(core.pid)
+            one = {"direct": asyncio.run(measure(upstream_port, up.pid, counts, stream_count,
+                                                 False))}
+            for name, (port, process) in proxies.items():
+                one[name] = asyncio.run(measure(port, process.pid, counts, stream_count,
+                                                name != "bare proxy"))
+            rounds.append(one)
+        for name, (_, process) in proxies.items():
+            rss[name] = peak_rss_mb(process.pid)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) -> None:
     names = list(rounds[0])
+    gateways = names[2:]  # after direct and the bare proxy
 
     def metric(name: str, key: str, q: float | None = None, first: bool = False,
                cpu: bool = False) -> float:
@@ -263,41 +274,40 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
                   else r[name][key].pct(q, first) for r in rounds]
         return statistics.median(values)
 
-    print(f"\nmedian of {len(rounds)} interleaved rounds")
-    print(f"{'':36}" + "".join(f"{name:>12}" for name in names)
-          + f"{'rg / bare':>11}{'core / bare':>12}")
+    print(f"\nmedian of {len(rounds)} interleaved rounds; the last columns: each routegate "
+          "variant / the bare proxy")
+    print(f"{'':36}" + "".join(f"{name:>13}" for name in names)
+          + "".join(f"{name[:11]:>12}" for name in gateways))
 
     def row(label: str, values: list[float], fmt: str) -> None:
         print(f"{label:36}" + "".join(fmt.format(v) for v in values)
-              + f"{values[2] / values[1]:>11.2f}{values[3] / values[1]:>12.2f}")
+              + "".join(f"{v / values[1]:>12.2f}" for v in values[2:]))
 
     for c in (1, 16, 64):
         row(f"throughput req/s, concurrency {c}", [metric(n, f"c{c}") for n in names],
-            "{:>12.0f}")
+            "{:>13.0f}")
     for c in (16, 64):
         row(f"CPU us per request, concurrency {c}",
-            [metric(n, f"c{c}", cpu=True) for n in names], "{:>12.0f}")
+            [metric(n, f"c{c}", cpu=True) for n in names], "{:>13.0f}")
     for c in (1, 64):
         for q in (0.5, 0.99):
             row(f"latency p{int(q * 100)} ms, concurrency {c}",
-                [metric(n, f"c{c}", q) for n in names], "{:>12.3f}")
+                [metric(n, f"c{c}", q) for n in names], "{:>13.3f}")
     for q in (0.5, 0.99):
         row(f"stream first byte p{int(q * 100)} ms, conc. 1",
-            [metric(n, "stream", q, True) for n in names], "{:>12.3f}")
-    print(f"{'peak RSS MB':36}{'':>12}" + "".join(f"{rss[n]:>12.1f}" for n in names[1:]))
+            [metric(n, "stream", q, True) for n in names], "{:>13.3f}")
+    print(f"{'peak RSS MB':36}{'':>13}" + "".join(f"{rss[n]:>13.1f}" for n in names[1:]))
 
-    print(f"\n{'added over direct (ms)':36}{'bare proxy':>12}{'routegate':>12}{'rg core':>12}"
-          f"{'rg - bare':>11}{'core - bare':>12}")
+    print(f"\n{'added over direct (ms)':36}" + "".join(f"{n:>13}" for n in names[1:])
+          + "".join(f"{'- bare':>12}" for _ in gateways))
     for label, key, q, first in (("p50 latency, concurrency 1", "c1", 0.5, False),
                                  ("p99 latency, concurrency 1", "c1", 0.99, False),
                                  ("p50 stream first byte, conc. 1", "stream", 0.5, True),
                                  ("p99 latency, concurrency 64", "c64", 0.99, False)):
         direct = metric("direct", key, q, first)
-        bare = metric("bare proxy", key, q, first) - direct
-        gateway = metric("routegate", key, q, first) - direct
-        core = metric("rg core", key, q, first) - direct
-        print(f"{label:36}{bare:>12.3f}{gateway:>12.3f}{core:>12.3f}{gateway - bare:>11.3f}"
-              f"{core - bare:>12.3f}")
+        added = [metric(n, key, q, first) - direct for n in names[1:]]
+        print(f"{label:36}" + "".join(f"{a:>13.3f}" for a in added)
+              + "".join(f"{a - added[0]:>12.3f}" for a in added[1:]))
 
 
 if __name__ == "__main__":
