@@ -14,8 +14,9 @@ received / expected" shows whether any were lost).
 
 Reuses the load generator of `bench/loadgen.py` and the policy of `bench/overhead.py`.
 Each gateway process (all its threads) is pinned to core 0 once it is up; its exporter
-process is not, as on any multi-core host; everything else runs on the other cores;
-rounds interleave.
+process runs on the other cores, as it would on any multi-core host, with everything
+else; rounds interleave. Ratios to tracing off are the median of each round's ratio,
+with the lowest and highest.
 
     .venv/bin/python bench/tracing.py [--quick] [--rounds N]
     .venv/bin/python bench/tracing.py request-path   # in-process µs per traced request
@@ -246,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})
         for process, port in gateways.values():
-            asyncio.run(load(port, 16, 300))  # the exporter process starts unpinned
+            asyncio.run(load(port, 16, 300))  # starts the exporter process
             pin_threads(process.pid, 0)
+            for child in children_of(process.pid):  # its exporter: another core, as on
+                pin_threads(child, int(others.split("-")[0]))  # any multi-core host
         for _ in range(args.rounds):
             rounds.append({name: asyncio.run(measure(port, process.pid, counts))
                            for name, (process, port) in gateways.items()})
@@ -284,7 +287,7 @@ def report(rounds: list[dict[str, dict[str, Measured]]], spans: list[int],
         return statistics.median(values)
 
     print(f"\nmedian of {len(rounds)} interleaved rounds")
-    print(f"{'':40}" + "".join(f"{n:>13}" for n in names))
+    print(f"{'':40}" + "".join(f"{n:>17}" for n in names))
     rows = [("throughput req/s, concurrency 16", "c16", "rps"),
             ("throughput req/s, concurrency 64", "c64", "rps"),
             ("gateway CPU us/request, concurrency 16", "c16", "cpu"),
@@ -293,13 +296,21 @@ def report(rounds: list[dict[str, dict[str, Measured]]], spans: list[int],
             ("+ exporter process, concurrency 64", "c64", "total"),
             ("latency p50 ms, concurrency 16", "c16", "0.5"),
             ("latency p99 ms, concurrency 16", "c16", "0.99")]
+    def ratios(name: str, key: str, what: str) -> str:
+        per_round = sorted(
+            (m.load.rps / off.load.rps if what == "rps" else m.cpu_us / off.cpu_us
+             if what == "cpu" else m.total_cpu_us / off.total_cpu_us)
+            for m, off in ((r[name][key], r[names[0]][key]) for r in rounds))
+        return (f"{statistics.median(per_round):.2f} "
+                f"({per_round[0]:.2f}-{per_round[-1]:.2f})")
+
     for label, key, what in rows:
         values = [med(n, key, what) for n in names]
-        fmt = "{:>13.0f}" if what in ("rps", "cpu", "total") else "{:>13.3f}"
+        fmt = "{:>17.0f}" if what in ("rps", "cpu", "total") else "{:>17.3f}"
         print(f"{label:40}" + "".join(fmt.format(v) for v in values))
         if what in ("rps", "cpu", "total"):
-            print(f"{'  / tracing off':40}{'':13}"
-                  + "".join(f"{v / values[0]:>13.3f}" for v in values[1:]))
+            print(f"{'  / tracing off':40}{'':17}"
+                  + "".join(f"{ratios(n, key, what):>17}" for n in names[1:]))
     for name, got in zip(names[1:], spans, strict=True):
         print(f"spans received, {name}: {got} of {expected} "
               f"({100 * got / max(expected, 1):.1f}%)")
