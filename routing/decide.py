@@ -54,7 +54,9 @@ class Rejection:
     message: str  # names categories and reasons, never request content
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
+# by convention.
+@dataclass(slots=True)
 class RouteDecision:
     decision_id: str
     route: str

@@ -29,7 +29,9 @@ class FeatureError(ValueError):
         self.param = param
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
+# by convention.
+@dataclass(slots=True)
 class RequestFeatures:
     route: str  # a route name, or a target key the client named directly
     tenant: str

@@ -28,7 +28,9 @@ UNHEALTHY_MIN_SAMPLES = 3  # ... once it has this many results
 RETRY_UNHEALTHY_AFTER_S = 10.0  # ... and is tried again this long after its last error
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
+# by convention.
+@dataclass(slots=True)
 class TargetSnapshot:
     samples: int = 0
     network_ms: float | None = None  # EWMA of connect + response-header round trip
@@ -63,7 +65,7 @@ class TargetSnapshot:
 EMPTY_TARGET = TargetSnapshot()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StatsSnapshot:
     targets: Mapping[str, TargetSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     output_tokens_mean: Mapping[str, float] = field(
@@ -73,7 +75,7 @@ class StatsSnapshot:
         return self.targets.get(key, EMPTY_TARGET)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PredictionError:
     """actual − predicted, in ms (positive: slower than predicted); for the metric."""
 

@@ -58,7 +58,9 @@ class BudgetLimits:
 NO_BUDGET = BudgetLimits()
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
+# by convention.
+@dataclass(slots=True)
 class ScopeState:
     """A scope's window right after the decision (what the headers report)."""
 
@@ -68,7 +70,7 @@ class ScopeState:
     oldest_at: float | None  # admission time of the oldest live entry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reservation:
     """What `settle` needs to reconcile one admitted request."""
 
@@ -91,7 +93,7 @@ class Rejection:
     retry_after_s: float | None  # None: never fits (a request larger than the limit)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     reservation: Reservation | None  # set when admitted
     rejection: Rejection | None  # set when rejected
@@ -104,7 +106,7 @@ class Decision:
         return self.reservation is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Charge:
     """Actual usage of one settled request, for the spend ledger."""
 
