@@ -6,9 +6,10 @@ exporting every request's spans over OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT`, s
 always on), one from its exporter process (the default) and one from the SDK's batch
 thread inside the gateway process (`ROUTEGATE_TRACE_EXPORT=thread`); and one sampling
 10% of traces (`OTEL_TRACES_SAMPLER=traceidratio`, exporter process), each to its own
-local receiver that decodes and counts the spans. For each: throughput at
-concurrency 16 and 64, CPU time per request of the gateway process and of the
-gateway with its exporter process, p50/p99 latency; and the spans the receiver got
+local receiver that counts the spans. For each: throughput at
+concurrency 16 and 64 and at a fixed rate (`--rate`, 1,200 req/s), CPU time per
+request of the gateway process and of the gateway with its exporter process, p50/p99
+latency; and the spans the receiver got
 (spans are dropped rather than waited for when the export falls behind, so "spans
 received / expected" shows whether any were lost).
 
@@ -18,7 +19,7 @@ process runs on the other cores, as it would on any multi-core host, with everyt
 else; rounds interleave. Ratios to tracing off are the median of each round's ratio,
 with the lowest and highest.
 
-    .venv/bin/python bench/tracing.py [--quick] [--rounds N]
+    .venv/bin/python bench/tracing.py [--quick] [--rounds N]   # 12 rounds by default
     .venv/bin/python bench/tracing.py request-path   # in-process µs per traced request
 """
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import os
 import statistics
 import subprocess
@@ -37,30 +40,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen import Result, cpu_seconds, free_port, load, pinned, wait_listening  # bench/
+from loadgen import (  # bench/
+    Result,
+    _exchange,
+    _request_bytes,
+    free_port,
+    load,
+    pinned,
+    wait_listening,
+)
 from overhead import ROOT, routegate_policy
 
 SPANS_PER_REQUEST = 6  # root, auth, rate limit, route, queue, upstream
+WARM_UP = 160  # requests before each measured load (a multiple of 16)
+PACED_RATE = 1200.0  # req/s: below every configuration's capacity on one core
 
 
 def run_sink(port: int) -> None:
-    """An OTLP/HTTP trace receiver that decodes each export and counts the spans."""
+    """An OTLP/HTTP trace receiver that keeps each export and, asked for the count,
+    decodes them all and counts the spans (decoding as they arrive would take CPU from
+    the load generator's core while a gateway is measured)."""
     import uvloop
     from aiohttp import web
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-    received = {"spans": 0}
+    bodies: list[bytes] = []
     reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 
     async def traces(request: web.Request) -> web.Response:
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        received["spans"] += sum(len(ss.spans) for rs in message.resource_spans
-                                 for ss in rs.scope_spans)
+        bodies.append(await request.read())
         return web.Response(body=reply, content_type="application/x-protobuf")
 
     async def count(request: web.Request) -> web.Response:
-        return web.Response(text=str(received["spans"]))
+        spans = 0
+        for body in bodies:
+            message = trace_service_pb2.ExportTraceServiceRequest()
+            message.ParseFromString(body)
+            spans += sum(len(ss.spans) for rs in message.resource_spans
+                         for ss in rs.scope_spans)
+        return web.Response(text=str(spans))
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/traces", traces)
@@ -90,21 +108,62 @@ def pin_threads(pid: int, core: int) -> None:
             os.sched_setaffinity(int(task.name), {core})
 
 
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of all the threads of `pid`, to the nanosecond, from its CPU-time clock
+    (/proc/<pid>/stat counts 10 ms ticks: too coarse for short rounds)."""
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        return 0.0  # the process has gone
+    try:
+        return time.clock_gettime_ns(clock.value) / 1e9
+    except OSError:
+        return 0.0
+
+
 def with_children_cpu(pid: int) -> float:
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
 
 
-async def measure(port: int, pid: int, counts: dict[int, int]) -> dict[str, Measured]:
-    await load(port, 16, 300)  # warm-up
+async def paced(port: int, rate: float, total: int, connections: int = 32) -> Result:
+    """`total` requests at `rate` a second over kept-alive connections, whatever the
+    replies' pace (a worker behind its schedule sends at once): the same load for every
+    configuration, so their CPU per request compares work, not how busy the load
+    generator was (at full speed it shares a core with the receivers and exporters)."""
+    payload = _request_bytes(port, False, True)
+    latencies: list[float] = []
+    started = time.perf_counter()
+
+    async def worker(index: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for k in range(index, total, connections):
+                delay = started + k / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                latencies.append((await _exchange(reader, writer, payload))[1] * 1000)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(i) for i in range(connections)))
+    return Result(len(latencies) / (time.perf_counter() - started), latencies, latencies)
+
+
+async def measure(port: int, pid: int, counts: dict[int, int],
+                  rate: float) -> dict[str, Measured]:
+    await load(port, 16, WARM_UP)
     await asyncio.sleep(0.3)  # its spans handed off, so their export is not counted below
     results = {}
-    for c, n in counts.items():
+    for c, n in [*counts.items(), (0, counts[16])]:
         before, before_all = cpu_seconds(pid), with_children_cpu(pid)
-        result = await load(port, c, n)
+        result = await (load(port, c, n) if c else paced(port, rate, n))
         await asyncio.sleep(0.3)  # this load's spans handed off to the exporter process
         done = len(result.latencies_ms)
-        results[f"c{c}"] = Measured(result, (cpu_seconds(pid) - before) * 1e6 / done,
-                                    (with_children_cpu(pid) - before_all) * 1e6 / done)
+        results[f"c{c}" if c else "paced"] = Measured(
+            result, (cpu_seconds(pid) - before) * 1e6 / done,
+            (with_children_cpu(pid) - before_all) * 1e6 / done)
     return results
 
 
@@ -190,7 +249,8 @@ async def request_path(requests: int = 2000, repeats: int = 12) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rate", type=float, default=PACED_RATE)
     parser.add_argument("role", nargs="?", choices=["sink", "request-path"])
     parser.add_argument("--port", type=int)
     args = parser.parse_args(argv)
@@ -202,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     scale = 0.25 if args.quick else 1.0
-    counts = {16: int(3000 * scale), 64: int(4000 * scale)}
+    counts = {16: int(1024 * scale), 64: int(1280 * scale)}  # short rounds, many of them
     others = "1" if (os.cpu_count() or 1) == 2 else f"1-{(os.cpu_count() or 2) - 1}"
     python = sys.executable
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -247,18 +307,18 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})
         for process, port in gateways.values():
-            asyncio.run(load(port, 16, 300))  # starts the exporter process
+            asyncio.run(load(port, 16, WARM_UP))  # starts the exporter process
             pin_threads(process.pid, 0)
             for child in children_of(process.pid):  # its exporter: another core, as on
                 pin_threads(child, int(others.split("-")[0]))  # any multi-core host
         for _ in range(args.rounds):
-            rounds.append({name: asyncio.run(measure(port, process.pid, counts))
+            rounds.append({name: asyncio.run(measure(port, process.pid, counts, args.rate))
                            for name, (process, port) in gateways.items()})
         spans = []
         for (gateway, _), port in zip(list(gateways.values())[1:], sink_ports, strict=True):
             gateway.terminate()  # shutdown flushes the batch still queued
             gateway.wait(30)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=60) as r:
                 spans.append(int(r.read()))
     finally:
         for process in processes:
@@ -267,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 process.wait(10)
         policy_path.unlink(missing_ok=True)
     # start-up, warm-up and measured requests that went through each traced gateway
-    warm_up = (300 // 16) * 16
-    traced_requests = warm_up + args.rounds * (warm_up + sum(
+    traced_requests = WARM_UP + args.rounds * (WARM_UP + counts[16] + sum(
         (n // c) * c for c, n in counts.items()))
     report(rounds, spans, traced_requests * SPANS_PER_REQUEST)
     return 0
@@ -294,6 +353,9 @@ def report(rounds: list[dict[str, dict[str, Measured]]], spans: list[int],
             ("gateway CPU us/request, concurrency 64", "c64", "cpu"),
             ("+ exporter process, concurrency 16", "c16", "total"),
             ("+ exporter process, concurrency 64", "c64", "total"),
+            ("gateway CPU us/request, paced", "paced", "cpu"),
+            ("+ exporter process, paced", "paced", "total"),
+            ("throughput req/s, paced", "paced", "rps"),
             ("latency p50 ms, concurrency 16", "c16", "0.5"),
             ("latency p99 ms, concurrency 16", "c16", "0.99")]
     def ratios(name: str, key: str, what: str) -> str:

@@ -77,7 +77,8 @@ class SpanPipe(SpanProcessor):
         self._tail = b""  # the unsent end of a partly written frame
         self._acks = bytearray()
         self._tokens = count(1)
-        self.dropped_spans = 0
+        self._dropped_queued = 0  # by the request path (one thread: the event loop's)
+        self._dropped_handed = 0  # by hand-offs (under the lock)
         self._warned_at = -float("inf")
         self._lock = threading.Lock()  # the socket and the process
         self._wake = threading.Event()
@@ -92,7 +93,8 @@ class SpanPipe(SpanProcessor):
         queue = self._queue
         spans = 1 + len(record[CHILDREN])
         if len(queue) >= self._max_records:
-            self._drop(spans, "the queue is full")
+            self._dropped_queued += spans
+            self._warn("the queue is full")
             return
         queue.append((spans, dumps(record, HIGHEST_PROTOCOL)))
         if len(queue) == self._batch_records:
@@ -115,7 +117,7 @@ class SpanPipe(SpanProcessor):
             self.hand_off()
 
     def hand_off(self) -> None:
-        """Pickle what is queued into one frame and write it, or drop it."""
+        """Write what is queued as one frame, or drop it."""
         queue = self._queue
         size = len(queue)
         if not size:
@@ -189,8 +191,16 @@ class SpanPipe(SpanProcessor):
                         "restarts (within %.0f s)", code if code is not None else "socket closed",
                         self._restart_after_s)
 
+    @property
+    def dropped_spans(self) -> int:
+        """Spans lost so far: queue full, exporter behind (socket full) or not running."""
+        return self._dropped_queued + self._dropped_handed
+
     def _drop(self, spans: int, why: str) -> None:
-        self.dropped_spans += spans
+        self._dropped_handed += spans
+        self._warn(why)
+
+    def _warn(self, why: str) -> None:
         now = time.monotonic()
         if now - self._warned_at >= 10.0:  # visible, but not a line per request
             self._warned_at = now
