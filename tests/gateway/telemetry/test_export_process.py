@@ -12,10 +12,14 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.telemetry.otlp_post import ExportConfig
@@ -26,11 +30,12 @@ from gateway.telemetry.tracing import resource_from_env, tracer_provider_from_en
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.telemetry.conftest import StartTraced
-from tests.gateway.telemetry.otlp_receiver import OtlpReceiver
+from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, decode
 from tests.gateway.telemetry.scripted_request import scripted_request
 from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
 
 SPANS = 6  # a scripted request's spans
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def piped(endpoint: str, timeout_s: float = 5.0,
@@ -170,3 +175,66 @@ async def test_the_gateway_keeps_serving_when_its_exporter_process_is_killed(
         assert (await post(traced.gateway.url, CHAT))[0] == 200
     await asyncio.to_thread(pipe.hand_off)
     assert pipe.dropped_spans == 3 * SPANS
+
+
+async def test_endpoint_headers_and_gzip_from_the_environment_reach_the_collector(
+    otlp_receiver: tuple[OtlpReceiver, str],
+) -> None:
+    _, url = otlp_receiver
+    seen: list[tuple[dict[str, str], bytes]] = []
+    arrived = asyncio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), await request.read()))  # aiohttp un-gzips
+        arrived.set()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/custom/traces", collector)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    provider = tracer_provider_from_env({
+        "OTEL_EXPORTER_OTLP_ENDPOINT": url,  # the traces endpoint wins, used as it is
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}/custom/traces",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s%20cret,tenant=t1",
+        "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
+    assert provider is not None
+    try:
+        await scripted_request(Telemetry(provider=provider))
+        assert await asyncio.to_thread(provider.force_flush)
+        await asyncio.wait_for(arrived.wait(), 5.0)
+        ((headers, body),) = seen
+        assert headers["x-api-key"] == "s cret" and headers["tenant"] == "t1"
+        assert headers["Content-Encoding"] == "gzip"
+        assert int(headers["Content-Length"]) < len(body)  # it was sent compressed
+        spans = decode(ExportTraceServiceRequest.FromString(body))
+        assert len(spans) == SPANS
+    finally:
+        await asyncio.to_thread(provider.shutdown)
+        await runner.cleanup()
+
+
+GATEWAY_THAT_DIES = """
+import asyncio, os, sys
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.tracing import tracer_provider_from_env
+from tests.gateway.telemetry.scripted_request import scripted_request
+provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]})
+pipe = provider._active_span_processor._span_processors[0]
+asyncio.run(scripted_request(Telemetry(provider=provider)))
+pipe.hand_off()  # handed to the exporter process, which waits for a full batch or 5 s
+os._exit(0)  # no shutdown, no flush: the exporter sees end of file
+"""
+
+
+async def test_the_exporter_process_exports_and_exits_when_the_gateway_dies(
+    otlp_receiver: tuple[OtlpReceiver, str],
+) -> None:
+    receiver, url = otlp_receiver
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", GATEWAY_THAT_DIES, url, cwd=ROOT)
+    assert await process.wait() == 0
+    spans = await receiver.wait_for(lambda s: len(s) == SPANS, timeout_s=3.0)
+    assert len({s.trace_id for s in spans}) == 1
