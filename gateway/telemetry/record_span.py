@@ -32,6 +32,8 @@ from gateway.telemetry.light_span import ChildSpans
 from gateway.telemetry.span_records import Record
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# Enum members are read through `_value_` (the member's own attribute): `.value` goes
+# through a Python-level descriptor, ~0.15 µs a read, several times a request.
 
 
 class RecordSpans(ChildSpans):
@@ -66,11 +68,11 @@ class RecordSpans(ChildSpans):
 
     def _recording_root(self, name: str, context: SpanContext, parent: SpanContext | None,
                         kind: SpanKind, attributes: dict[str, Any]) -> Span:
-        return RecordedSpan(self, name, context, parent, kind.value, attributes, None)
+        return RecordedSpan(self, name, context, parent, kind._value_, attributes, None)
 
     def start(self, name: str, parent: SpanContext, kind: SpanKind,  # type: ignore[override]
               attributes: dict[str, Any], root: Span | None = None) -> RecordedSpan:
-        return RecordedSpan(self, name, None, parent, kind.value, attributes,
+        return RecordedSpan(self, name, None, parent, kind._value_, attributes,
                             root if type(root) is RecordedSpan else None)
 
     def late(self, span: RecordedSpan) -> None:
@@ -145,9 +147,9 @@ class RecordedSpan(Span):
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if not self._ended:
             if isinstance(status, Status):
-                self.code, self.description = status.status_code.value, status.description
+                self.code, self.description = status.status_code._value_, status.description
             else:
-                self.code = status.value
+                self.code = status._value_
                 self.description = description if status is StatusCode.ERROR else None
 
     def record_exception(self, exception: BaseException, attributes: Attributes = None,

@@ -118,8 +118,8 @@ class _Step:
 class RequestTrace:
     """The spans of one request. Create one per request; `end()` closes the root."""
 
-    __slots__ = ("_children", "_inbound", "_pending", "_root", "_root_ctx", "_tracer",
-                 "recording")
+    __slots__ = ("_children", "_inbound", "_pending", "_root", "_root_context", "_root_ctx",
+                 "_tracer", "recording")
 
     def __init__(
         self,
@@ -145,6 +145,7 @@ class RequestTrace:
             self._root = self._tracer.start_span(
                 name, context=self._inbound, kind=SpanKind.SERVER,
                 attributes=clean(attributes or {}))
+        self._root_context = self._root.get_span_context()  # the children's parent
         self.recording = self._root.is_recording()
         # Children are only started under a recording root (see start()), and only the
         # SDK's own path (no `children`) starts them from a context.
@@ -180,7 +181,7 @@ class RequestTrace:
             # is a no-op) and still carries the trace id and the "not sampled" flag upstream.
             return self._root
         if self._children is not None:
-            return self._children.start(name, self._root.get_span_context(), SpanKind.INTERNAL,
+            return self._children.start(name, self._root_context, SpanKind.INTERNAL,
                                         clean(attributes) if attributes else {}, self._root)
         return self._tracer.start_span(
             name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
@@ -195,7 +196,7 @@ class RequestTrace:
         if not self.recording:
             return self._root  # see start()
         if self._children is not None:
-            return self._children.start(name, self._root.get_span_context(), SpanKind.CLIENT,
+            return self._children.start(name, self._root_context, SpanKind.CLIENT,
                                         clean(attributes) if attributes else {}, self._root)
         return self._tracer.start_span(
             name, context=self._root_ctx, kind=SpanKind.CLIENT,
