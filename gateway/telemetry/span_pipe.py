@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from itertools import count
-from pickle import HIGHEST_PROTOCOL, dumps
+from pickle import HIGHEST_PROTOCOL, PicklingError, dumps
 from typing import Any
 
 from opentelemetry.context import Context
@@ -96,7 +96,15 @@ class SpanPipe(SpanProcessor):
             self._dropped_queued += spans
             self._warn("the queue is full")
             return
-        queue.append((spans, dumps(record, HIGHEST_PROTOCOL)))
+        try:
+            data = dumps(record, HIGHEST_PROTOCOL)
+        except (PicklingError, TypeError, AttributeError, RecursionError):
+            # an attribute value that is not a plain value: a bug of the caller's, which
+            # costs its spans, never the request
+            self._dropped_queued += spans
+            self._warn("an attribute value cannot be sent to the exporter process")
+            return
+        queue.append((spans, data))
         if len(queue) == self._batch_records:
             self._wake.set()
 

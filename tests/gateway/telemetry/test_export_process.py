@@ -238,3 +238,19 @@ async def test_the_exporter_process_exports_and_exits_when_the_gateway_dies(
     assert await process.wait() == 0
     spans = await receiver.wait_for(lambda s: len(s) == SPANS, timeout_s=3.0)
     assert len({s.trace_id for s in spans}) == 1
+
+
+async def test_a_value_that_cannot_be_sent_costs_its_spans_not_the_request(
+    otlp_receiver: tuple[OtlpReceiver, str], receiver_url: str,
+) -> None:
+    receiver, _ = otlp_receiver
+    telemetry, pipe, provider = piped(receiver_url, handoff_s=3600.0)
+    tel = telemetry.begin(request_id="r", method="POST", path="/v1/chat/completions",
+                          headers={})
+    tel.trace.root.set_attribute("not.plain", lambda: None)  # type: ignore[arg-type]
+    tel.finish(200)
+    assert pipe.dropped_spans == 1
+    await scripted_request(telemetry)
+    assert await asyncio.to_thread(pipe.force_flush)
+    assert len(receiver.spans) == SPANS  # the next request's spans went out as ever
+    await asyncio.to_thread(provider.shutdown)
