@@ -33,7 +33,9 @@ from gateway.telemetry.inference_time import UNKNOWN, InferenceReport
 Clock = Callable[[], float]  # monotonic seconds
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
+# by convention.
+@dataclass(slots=True)
 class TimingSplit:
     """Milliseconds, rounded to the microsecond; None where not measured or not reported."""
 
