@@ -29,11 +29,12 @@ def install_telemetry(app: web.Application, telemetry: Telemetry,
 
 
 ACCESS_LOG_FLUSH_S = 1.0  # a buffered access line reaches its stream within this
+# (and the trace export's drop count reaches `/metrics` within this)
 
 
 async def _flush_at_shutdown(app: web.Application) -> AsyncIterator[None]:
     telemetry = app[TELEMETRY]
-    flusher = asyncio.create_task(_flush_access_log(telemetry))
+    flusher = asyncio.create_task(_every_second(telemetry))
     yield
     flusher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -42,10 +43,11 @@ async def _flush_at_shutdown(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(telemetry.shutdown)
 
 
-async def _flush_access_log(telemetry: Telemetry) -> None:
+async def _every_second(telemetry: Telemetry) -> None:
     while True:
         await asyncio.sleep(ACCESS_LOG_FLUSH_S)
         telemetry.access_log.flush()
+        telemetry.metrics.observe_dropped_spans(telemetry.dropped_spans())
 
 
 def configure_access_log(stream: TextIO | None = None) -> None:

@@ -169,6 +169,12 @@ class GatewayMetrics:
             "policy_reloads", "Policy file reloads (result = ok | invalid).",
             ["result"], namespace=NAMESPACE, registry=r,
         )
+        self.trace_spans_dropped = Counter(
+            "trace_spans_dropped", "Trace spans dropped before export (export queue or "
+            "exporter full, exporter process down): export never blocks a request.",
+            namespace=NAMESPACE, registry=r,
+        )
+        self._spans_dropped_seen = 0
         self.in_flight = Gauge(
             "in_flight", "Upstream requests in flight per backend.", ["backend"],
             namespace=NAMESPACE, registry=r, multiprocess_mode="livesum",
@@ -262,6 +268,12 @@ class GatewayMetrics:
             children[0].observe(ttft_ms / 1000.0)
         if total_ms is not None:
             children[1].observe(total_ms / 1000.0)
+
+    def observe_dropped_spans(self, dropped_so_far: int) -> None:
+        """The exporter's running count of dropped spans (read periodically)."""
+        if dropped_so_far > self._spans_dropped_seen:
+            self.trace_spans_dropped.inc(dropped_so_far - self._spans_dropped_seen)
+            self._spans_dropped_seen = dropped_so_far
 
     def observe_rejection(self, tenant: str, limit: str) -> None:
         self.rate_limited.labels(self.label("tenant", tenant), limit).inc()

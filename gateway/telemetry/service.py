@@ -14,6 +14,7 @@ from gateway.telemetry.live import LiveStats
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record_span import RecordSpans
 from gateway.telemetry.request import RequestTelemetry
+from gateway.telemetry.span_pipe import SpanPipe
 from gateway.telemetry.spans import tracer_of
 from gateway.telemetry.timing import Clock, RequestTimings
 from gateway.telemetry.tracing import tracer_provider_from_env
@@ -67,6 +68,14 @@ class Telemetry:
             self, request_id=request_id, method=method, path=path, headers=headers,
             record_content=record_content, timings=timings,
         )
+
+    def dropped_spans(self) -> int:
+        """Spans the trace export dropped so far (the exporter process's pipe; 0 else)."""
+        processor = getattr(self.provider, "_active_span_processor", None)
+        for inner in getattr(processor, "_span_processors", ()):
+            if isinstance(inner, SpanPipe):
+                return inner.dropped_spans
+        return 0
 
     def shutdown(self) -> None:
         """Flush access lines still buffered and spans still batched (the SDK provider;
