@@ -195,7 +195,35 @@ def _count_requests(queue: Any) -> None:
     queue._routegate_per_request = True
 
 
-class LightSpan(Span):
+class PlainSpan(Span):
+    """What the gateway's own recording spans share: attributes in a plain dict, no
+    links, nothing recorded once ended."""
+
+    __slots__ = ()
+    _ended: bool
+    attributes: dict[str, Any]
+    name: str
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if not self._ended:
+            self.attributes[key] = list(value) if type(value) is list else value
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Values as given: the gateway's callers pass fresh lists (see `_frozen`)."""
+        if not self._ended:
+            self.attributes.update(attributes)
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        return None  # the gateway's spans have no links
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+
+class LightSpan(PlainSpan):
     """A recording span; once ended, it has what the OTLP encoder reads of a
     `ReadableSpan` (`start_time`, `end_time`, `resource`, `instrumentation_scope`, …)."""
 
@@ -222,28 +250,10 @@ class LightSpan(Span):
     def get_span_context(self) -> SpanContext:
         return self.context
 
-    def is_recording(self) -> bool:
-        return not self._ended
-
-    def set_attribute(self, key: str, value: AttributeValue) -> None:
-        if not self._ended:
-            self.attributes[key] = list(value) if type(value) is list else value
-
-    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
-        """Values as given: the gateway's callers pass fresh lists (see `_frozen`)."""
-        if not self._ended:
-            self.attributes.update(attributes)
-
     def add_event(self, name: str, attributes: Attributes = None,
                   timestamp: int | None = None) -> None:
         if not self._ended:
             self.events.append(Event(name, attributes, timestamp or time_ns()))
-
-    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        return None  # the gateway's children have no links
-
-    def update_name(self, name: str) -> None:
-        self.name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if not self._ended:

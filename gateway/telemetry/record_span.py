@@ -13,7 +13,7 @@ tuple (`span_records.py`) appended to the pipe's queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from time import time_ns
 from typing import Any
 
@@ -26,9 +26,9 @@ from opentelemetry.trace import (
     TraceFlags,
     Tracer,
 )
-from opentelemetry.util.types import Attributes, AttributeValue
+from opentelemetry.util.types import Attributes
 
-from gateway.telemetry.light_span import ChildSpans
+from gateway.telemetry.light_span import ChildSpans, PlainSpan
 from gateway.telemetry.span_records import Record
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -87,7 +87,7 @@ def _state(context: SpanContext) -> dict[str, str] | None:
     return dict(state) if state else None
 
 
-class RecordedSpan(Span):
+class RecordedSpan(PlainSpan):
     """A recording span kept as plain values until the request's record is made."""
 
     __slots__ = ("_context", "_ended", "_held", "_is_root", "_root", "_sink", "attributes",
@@ -121,28 +121,11 @@ class RecordedSpan(Span):
                 parent.trace_state)
         return context
 
-    def is_recording(self) -> bool:
-        return not self._ended
-
-    def set_attribute(self, key: str, value: AttributeValue) -> None:
-        if not self._ended:
-            self.attributes[key] = list(value) if type(value) is list else value
-
-    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
-        if not self._ended:
-            self.attributes.update(attributes)
-
     def add_event(self, name: str, attributes: Attributes = None,
                   timestamp: int | None = None) -> None:
         if not self._ended:
             self.events.append((name, timestamp or time_ns(),
                                 dict(attributes) if attributes else None))
-
-    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        return None  # the gateway's spans have no links
-
-    def update_name(self, name: str) -> None:
-        self.name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if not self._ended:
