@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
@@ -99,7 +100,7 @@ class BackendLoadPoller:
         waiting, running, kv_use = parse_load(data.decode(errors="replace"))
         if waiting is None and running is None and kv_use is None:
             return
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()  # the routing statistics' clock (routing_hook)
         for key in keys:
             self.stats.set_backend_load(key, now, waiting=waiting, running=running,
                                         kv_cache_use=kv_use)

@@ -10,7 +10,6 @@ and the latest ones kept, without any request content, for `/admin/policy/shadow
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -68,8 +67,8 @@ class ShadowPolicy:
         self._router = Router(policy)
         self._tokens = tokens
         self._stats = stats
-        # The live router's clock (the event loop's), so both read the same stats alike.
-        self._clock = clock or (lambda: asyncio.get_running_loop().time())
+        # The live router's clock (monotonic), so both read the same stats alike.
+        self._clock = clock or time.monotonic
         self._scanner = PiiScanner(policy.file.compliance.pii.detect)
         self._live_router: Router | None = None
         self._live_scanner: PiiScanner | None = None

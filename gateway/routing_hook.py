@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any
 
 import orjson
@@ -94,7 +95,7 @@ class RoutingHook:
                 input_tokens=ctx.state.get(INPUT_TOKENS_STATE))
         except FeatureError as exc:
             raise BadRequest(str(exc), param=exc.param) from exc
-        decision = compiled.router.decide(features, stats, asyncio.get_running_loop().time(),
+        decision = compiled.router.decide(features, stats, monotonic(),
                                           decision_id=ctx.request_id)
         ctx.decision = decision
         if decision.rejection is not None:
@@ -120,7 +121,7 @@ class RoutingHook:
         if not isinstance(decision, RouteDecision):
             return
         key = attempt.target.key
-        now = asyncio.get_running_loop().time()
+        now = monotonic()
         if attempt.error is not None:
             self.stats.record_error(key, now)
             return

@@ -25,6 +25,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
+from time import monotonic
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -137,6 +138,7 @@ class Http1Client:
         self._open = 0  # connections open or being opened, idle ones included
         self._waiters: deque[asyncio.Future[ResponseHandler | None]] = deque()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def closed(self) -> bool:
@@ -150,7 +152,9 @@ class Http1Client:
                    headers: Mapping[str, str] | None = None) -> Http1Response:
         """Send `body` to `path` (under the base URL's path) and wait for the response
         headers; the caller reads `content` and then releases or closes the response."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # one client, one event loop: looked up once
+            loop = self._loop = asyncio.get_running_loop()
         protocol = await self._acquire(loop)
         response = Http1Response(self, protocol)
         try:
@@ -186,7 +190,7 @@ class Http1Client:
         idle = self._idle
         while idle:
             protocol, since = idle.pop()
-            if protocol.is_connected() and loop.time() - since < self._keepalive_s:
+            if protocol.is_connected() and monotonic() - since < self._keepalive_s:
                 return protocol
             protocol.close()
             self._open -= 1
@@ -238,7 +242,7 @@ class Http1Client:
                 if not waiter.done():
                     waiter.set_result(protocol)
                     return
-            self._idle.append((protocol, asyncio.get_running_loop().time()))
+            self._idle.append((protocol, monotonic()))
             return
         if protocol is not None:
             protocol.close()
