@@ -159,7 +159,7 @@ async def test_the_queue_is_bounded_and_counts_what_it_drops(receiver_url: str) 
 
 async def test_dropped_spans_are_counted_in_the_metrics(receiver_url: str) -> None:
     telemetry, _, provider = piped(receiver_url, handoff_s=3600.0,
-                                      max_queue_spans=10 * SPANS)
+                                   max_queue_spans=10 * SPANS)
     for _ in range(12):
         await scripted_request(telemetry)
     telemetry.metrics.observe_dropped_spans(telemetry.dropped_spans())  # read every second
