@@ -11,7 +11,10 @@ and read one response — so this client keeps only the parts that do the work:
   and `ServerDisconnectedError` exactly as a `ClientSession` raises them;
 - a pool of kept-alive connections per backend, bounded (`max_connections`), LIFO so
   the warmest connection is reused; a request waits in FIFO order for a free one;
-- the request written as one `bytes` (head precomputed per path) in one socket write.
+- the request written as one `bytes` (head precomputed per path) in one socket write;
+- one retry, on a new connection, when a kept-alive connection is closed under a request
+  before any answer (a backend's idle timeout racing it): never for a new connection,
+  never once a response has begun.
 
 Timeouts: `connect_s` for opening a connection; `first_byte_s` for any silence on the
 socket (waiting for the response headers, and between chunks of a stream); `total_s`
@@ -29,7 +32,13 @@ from time import monotonic
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from aiohttp import ClientConnectionError, ServerTimeoutError, StreamReader
+from aiohttp import (
+    ClientConnectionError,
+    ClientOSError,
+    ServerDisconnectedError,
+    ServerTimeoutError,
+    StreamReader,
+)
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -155,7 +164,20 @@ class Http1Client:
         loop = self._loop
         if loop is None:  # one client, one event loop: looked up once
             loop = self._loop = asyncio.get_running_loop()
-        protocol = await self._acquire(loop)
+        protocol, reused = await self._acquire(loop)
+        try:
+            return await self._exchange(loop, protocol, path, body, headers)
+        except (ServerDisconnectedError, ClientOSError):
+            if not reused:
+                raise
+        # The backend closed a kept-alive connection just as this request went out on it
+        # (its idle timeout): nothing was answered, so once more, on a new connection.
+        protocol, _ = await self._acquire(loop, reuse=False)
+        return await self._exchange(loop, protocol, path, body, headers)
+
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, protocol: ResponseHandler,
+                        path: str, body: bytes,
+                        headers: Mapping[str, str] | None) -> Http1Response:
         response = Http1Response(self, protocol)
         try:
             timeouts = self.timeouts
@@ -184,14 +206,17 @@ class Http1Client:
         response.content = payload
         return response
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop) -> ResponseHandler:
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, *,
+                       reuse: bool = True) -> tuple[ResponseHandler, bool]:
+        """A connection and whether it served an earlier request; `reuse=False` opens
+        a new one (as soon as the bound allows)."""
         if self._closed:
             raise ClientConnectionError("the backend's client is closed")
         idle = self._idle
-        while idle:
+        while idle and reuse:
             protocol, since = idle.pop()
             if protocol.is_connected() and monotonic() - since < self._keepalive_s:
-                return protocol
+                return protocol, True
             protocol.close()
             self._open -= 1
         if self._open >= self._limit:
@@ -210,14 +235,14 @@ class Http1Client:
                         f"No free connection to {self.address} in time") from None
                 raise
             if handed is not None:
-                if handed.is_connected():
-                    return handed
+                if handed.is_connected() and reuse:
+                    return handed, True
                 handed.close()  # closed by the backend on its way here: open anew
             # here the slot is ours (None: a connection closed and passed it on)
         else:
             self._open += 1
         try:
-            return await self._connect(loop)
+            return await self._connect(loop), False
         except BaseException:
             self._give_back(None, False)
             raise

@@ -295,3 +295,55 @@ async def test_waiting_for_a_free_connection_counts_against_the_total_timeout(
     assert response.status == 200
     response.release()
     await client.close()
+
+
+class RawBackend:
+    """Answers a request per connection as told: "ok" (200, kept alive) or "drop"
+    (reads the request, closes without a word: a backend's idle timeout racing it)."""
+
+    def __init__(self, script: list[list[str]]) -> None:
+        self.script = script  # per connection, in order: what to do with each request
+        self.connections = 0
+        self.requests = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        plan = self.script[self.connections]
+        self.connections += 1
+        for action in plan:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            self.requests += 1
+            if action == "drop":
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+        writer.close()
+
+    async def start(self) -> tuple[asyncio.Server, str]:
+        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_anew() -> None:
+    backend = RawBackend([["ok", "drop"], ["ok"]])
+    server, url = await backend.start()
+    client = Http1Client(url, max_connections=1, timeouts=RELAXED)
+    for _ in range(2):
+        response = await client.post("/x", b"{}")
+        assert response.status == 200 and await response.read() == b"{}"
+        response.release()
+    assert backend.connections == 2 and backend.requests == 3
+    await client.close()
+    server.close()
+
+
+async def test_a_new_connection_closed_without_an_answer_is_not_retried() -> None:
+    backend = RawBackend([["drop"], ["ok"]])
+    server, url = await backend.start()
+    client = Http1Client(url, max_connections=1, timeouts=RELAXED)
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await client.post("/x", b"{}")
+    assert backend.connections == 1 and backend.requests == 1
+    await client.close()
+    server.close()
