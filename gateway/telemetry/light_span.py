@@ -222,6 +222,11 @@ class PlainSpan(Span):
     def update_name(self, name: str) -> None:
         self.name = name
 
+    def record_exception(self, exception: BaseException, attributes: Attributes = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        self.add_event("exception", {"exception.type": type(exception).__name__,
+                                     "exception.message": str(exception)[:200]}, timestamp)
+
 
 class LightSpan(PlainSpan):
     """A recording span; once ended, it has what the OTLP encoder reads of a
@@ -258,11 +263,6 @@ class LightSpan(PlainSpan):
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if not self._ended:
             self.status = status if isinstance(status, Status) else Status(status, description)
-
-    def record_exception(self, exception: BaseException, attributes: Attributes = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
-        self.add_event("exception", {"exception.type": type(exception).__name__,
-                                     "exception.message": str(exception)[:200]}, timestamp)
 
     def end(self, end_time: int | None = None) -> None:
         if self._ended:

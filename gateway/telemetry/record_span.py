@@ -135,11 +135,6 @@ class RecordedSpan(PlainSpan):
                 self.code = status._value_
                 self.description = description if status is StatusCode.ERROR else None
 
-    def record_exception(self, exception: BaseException, attributes: Attributes = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
-        self.add_event("exception", {"exception.type": type(exception).__name__,
-                                     "exception.message": str(exception)[:200]}, timestamp)
-
     def end(self, end_time: int | None = None) -> None:
         if self._ended:
             return
@@ -157,12 +152,9 @@ class RecordedSpan(PlainSpan):
         if not self._is_root:  # a child ending after its root, or without one: alone
             sink.late(self)
             return
-        context, parent = self.get_span_context(), self.parent
-        sink.append((sink.scope_key, context.trace_id, _state(context), (
-            context.span_id, parent.span_id if parent is not None else 0,
-            parent is not None and parent.is_remote, self.name, self.kind, self.start_time,
-            self.end_time, self.attributes, self.events, self.code, self.description, (), 0),
-            self._held))
+        context = self.get_span_context()
+        sink.append((sink.scope_key, context.trace_id, _state(context), self.as_root(),
+                     self._held))
         self._held = []
 
     def as_root(self) -> tuple[Any, ...]:
