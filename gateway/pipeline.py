@@ -103,9 +103,8 @@ class Pipeline:
                       error_code=ctx.error.code if ctx.error else None)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
-        # 96 random bits: unique, not secret (see limits.limiter._reservation_id)
-        policy, timing, request_id = self.live.current, request[TIMING_KEY], \
-            f"{getrandbits(96):024x}"
+        policy, timing = self.live.current, request[TIMING_KEY]
+        request_id = f"{getrandbits(96):024x}"  # unique, not secret: no system call
         telemetry = self.hooks.telemetry.begin(
             request_id=request_id, method=request.method, path=request.path,
             headers=request.headers, timings=timing,

@@ -29,8 +29,8 @@ def go_duration(seconds: float) -> str:
     return text
 
 
-# Every response carries two of these, nearly always the same few (a window resets
-# in `59.9…s`): formatted once each.
+# Every response carries two of these, and the value changes at most once a
+# millisecond (responses in between share it): each formatted once.
 _GO_DURATIONS: dict[int, str] = {}
 
 
