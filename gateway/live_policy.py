@@ -2,6 +2,12 @@
 
 A request reads `live.current` once at its start and keeps that object for its
 whole life, so a reload (`swap`) never changes the rules under a request in flight.
+
+A few settings are read once at start-up (the limits store: its connections and the
+counters in it cannot move under running requests). Whoever reads one `pin`s it; a
+reload that changes a pinned setting still installs the rest of the policy, and
+`restart_needed` names what waits for a restart, so the reload reports it instead of
+ignoring it.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ Listener = Callable[[Policy], None]
 
 
 class LivePolicy:
-    __slots__ = ("_listeners", "current")
+    __slots__ = ("_listeners", "_pinned", "current")
 
     def __init__(self, policy: Policy) -> None:
         self.current = policy
         self._listeners: list[Listener] = []
+        self._pinned: dict[str, tuple[Callable[[Policy], object], object]] = {}
 
     def on_swap(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -28,3 +35,13 @@ class LivePolicy:
         self.current = policy
         for listener in self._listeners:
             listener(policy)
+
+    def pin(self, setting: str, read: Callable[[Policy], object]) -> None:
+        """`setting` (a dotted name, e.g. `limits.store`) keeps the value `read` gives
+        for the current policy until the process restarts."""
+        self._pinned[setting] = (read, read(self.current))
+
+    def restart_needed(self, policy: Policy) -> list[str]:
+        """The pinned settings whose value in `policy` differs from the running one."""
+        return [setting for setting, (read, running) in self._pinned.items()
+                if read(policy) != running]

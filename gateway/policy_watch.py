@@ -6,7 +6,9 @@ Each request reads `live.current` once at its start, so requests in flight finis
 under the policy they started with and none can see a half-loaded one. An
 invalid file leaves the running policy untouched; the failure is logged once
 (per distinct error), counted in `routegate_policy_reloads_total{result}`, and
-shown by `GET /admin/policy`.
+shown by `GET /admin/policy`. A valid file that changes a setting read only at
+start-up (`LivePolicy.pin`: the limits store) is installed all the same, and the
+result, the log and `GET /admin/policy` name the settings that wait for a restart.
 
 Connection pools need no work here: `UpstreamPool` compares each backend's spec
 on use, so an unchanged backend keeps its pool and a changed one gets a new one.
@@ -47,10 +49,12 @@ class ReloadResult:
     trigger: str  # "file" | "signal" | "api" | …
     version_hash: str
     error: PolicyError | None = None
+    restart_needed: tuple[str, ...] = ()  # changed settings the running process keeps
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"result": self.result, "changed": self.changed,
-                                "trigger": self.trigger, "version_hash": self.version_hash}
+                                "trigger": self.trigger, "version_hash": self.version_hash,
+                                "restart_needed": list(self.restart_needed)}
         if self.error is not None:
             body["errors"] = [issue.as_dict() for issue in self.error.issues]
         return body
@@ -96,8 +100,14 @@ class PolicyReloader:
                              self.path, trigger)
                     for warning in policy.warnings:
                         log.warning("policy warning: %s", warning.render())
+                restart = tuple(self.live.restart_needed(policy))
+                if changed and restart:
+                    log.warning("policy %s changes %s, read only at start-up: the running "
+                                "values stay until the gateway restarts", policy.version_hash,
+                                ", ".join(restart))
                 self.last_error = self.last_error_at = None
-                result = ReloadResult("ok", changed, trigger, self.live.current.version_hash)
+                result = ReloadResult("ok", changed, trigger, self.live.current.version_hash,
+                                      restart_needed=restart)
             self._reloads.labels(result.result).inc()
             self.last_attempt = result
             return result
@@ -117,6 +127,7 @@ class PolicyReloader:
             "path": str(self.path),
             "loaded_at": self.loaded_at,
             "warnings": [issue.as_dict() for issue in policy.warnings],
+            "restart_needed": self.live.restart_needed(policy),
             "last_error": None if error is None else {
                 "at": self.last_error_at, "message": str(error),
                 "issues": [issue.as_dict() for issue in error.issues]},

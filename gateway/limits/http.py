@@ -36,11 +36,15 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     """Wire the store named by the policy (`redis_url`, from `ROUTEGATE_REDIS_URL`, wins).
 
     The store is chosen once, at start-up: a reloaded policy changes limits and budgets
-    at once, but moving to another store needs a restart.
+    at once, but the `limits:` section (store, its failure mode, the replica count) is
+    pinned, and a reload that changes it reports that a restart is needed.
     """
     settings = live.current.file.limits
     if store is None:
         store = open_store(settings, url=store_url(settings, redis_url))
+    live.pin("limits.store", lambda policy: store_url(policy.file.limits, redis_url))
+    live.pin("limits.on_store_error", lambda policy: policy.file.limits.on_store_error)
+    live.pin("limits.replicas", lambda policy: policy.file.limits.replicas)
     limiter = Limiter(store) if clock is None else Limiter(store, clock=clock)
     if isinstance(store, FailoverStore):
         hooks.telemetry.metrics.registry.register(StoreCollector(store))

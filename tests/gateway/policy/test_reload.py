@@ -108,6 +108,35 @@ async def test_invalid_file_leaves_the_running_policy_and_is_shown(
     assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1
 
 
+async def test_a_changed_limits_store_is_reported_as_needing_a_restart(
+        start_upstream: StartUpstream, start_gateway: StartGateway, policy_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    one, two = await start_upstream(name="one"), await start_upstream(name="two")
+    write(policy_path, version_text(one.url, "v1"))
+    gateway = await start(start_gateway, policy_path)
+    moved = yaml.safe_load(version_text(two.url, "v2"))
+    moved["limits"] = {"store": "redis://127.0.0.1:1/0"}  # never dialled: the store stays
+    write(policy_path, yaml.safe_dump(moved, sort_keys=False))
+    async with aiohttp.ClientSession() as session:
+        with caplog.at_level(logging.WARNING, logger="routegate.policy"):
+            status, body = await admin(session, gateway, "POST", "/admin/policy/reload")
+        _, shown = await admin(session, gateway, "GET", "/admin/policy")
+        async with session.post(gateway.base_url + "/chat/completions", json=CHAT) as response:
+            assert response.status == 200  # the rest of the file is in force
+            assert "x-ratelimit-remaining-requests" in response.headers  # memory store
+    assert (status, body["result"], body["changed"]) == (200, "ok", True)
+    assert body["restart_needed"] == ["limits.store"]
+    assert shown["restart_needed"] == ["limits.store"]
+    assert [r.json["model"] for r in two.received] == ["v2"]
+    assert any("limits.store" in r.getMessage() and "restart" in r.getMessage()
+               for r in caplog.records)
+    write(policy_path, version_text(two.url, "v2"))  # back to the store that runs
+    async with aiohttp.ClientSession() as session:
+        _, body = await admin(session, gateway, "POST", "/admin/policy/reload")
+        _, shown = await admin(session, gateway, "GET", "/admin/policy")
+    assert body["restart_needed"] == shown["restart_needed"] == []
+
+
 async def test_reloads_are_counted_by_result(
         start_upstream: StartUpstream, start_gateway: StartGateway, policy_path: Path) -> None:
     one = await start_upstream()
