@@ -9,7 +9,9 @@ these file models into the runtime `Policy`.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -88,8 +90,16 @@ class LaunchSpec(FileModel):
 
 class Backend(FileModel):
     type: Literal["openai", "anthropic"]
-    url: str | None = None  # None only with `launch`: the gateway fills in the child's port
+    # None only with `launch`: the gateway fills in the child's port
+    url: str | None = Field(None, description=(
+        "http(s)://host[:port][/path] of the backend's API. Credentials in it "
+        "(user:password@) are refused: the URL is shown in logs and the admin API, so a "
+        "secret goes in `api_key`, which is masked and sent as the backend's auth header."))
     api_key: SecretStr | None = None
+    ca_file: str | None = Field(None, description=(
+        "PEM file of the CA certificates trusted for an https `url`, in place of the "
+        "system's (a private CA); absolute, or relative to the gateway's working "
+        "directory. The server's name is verified against its certificate either way."))
     deployment: Literal["shared", "dedicated"] = "shared"
     region: str | None = None
     data_retention: Literal["zero", "standard"] | None = None
@@ -106,7 +116,18 @@ class Backend(FileModel):
     def _url_is_http(cls, url: str | None) -> str | None:
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        if url is not None and "@" in urlsplit(url).netloc:
+            # The value is not echoed: it holds a secret.
+            raise ValueError("must not carry credentials (user:password@); put the key in "
+                             "`api_key`, which is kept secret")
         return url.rstrip("/") if url else url
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file_exists(cls, ca_file: str | None) -> str | None:
+        if ca_file is not None and not Path(ca_file).is_file():
+            raise ValueError(f"no such file: {ca_file}")
+        return ca_file
 
     @field_validator("enabled", mode="before")
     @classmethod
@@ -118,6 +139,8 @@ class Backend(FileModel):
     def _url_or_launch(self) -> Backend:
         if self.url is None and self.launch is None:
             raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
+        if self.ca_file is not None and not (self.url or "").startswith("https://"):
+            raise ValueError("`ca_file` needs an https:// `url`")
         return self
 
 

@@ -12,6 +12,11 @@ and read one response — so this client keeps only the parts that do the work:
 - a pool of kept-alive connections per backend, bounded (`max_connections`), LIFO so
   the warmest connection is reused; a request waits in FIFO order for a free one;
 - the request written as one `bytes` (head precomputed per path) in one socket write;
+  a body over `LARGE_BODY_BYTES` is written after its head and waited on until the
+  transport's buffer drains (flow control), so a backend that reads slowly holds the
+  request back rather than the gateway's memory, and `total_s` covers the writing;
+- TLS for https URLs, with the system's CAs or a given `ssl.SSLContext`; the server's
+  name is sent (SNI) and checked against its certificate, as `ClientSession` does;
 - one retry, on a new connection, when a kept-alive connection is closed under a request
   before any answer (a backend's idle timeout racing it): never for a new connection,
   never once a response has begun.
@@ -19,12 +24,14 @@ and read one response — so this client keeps only the parts that do the work:
 Timeouts: `connect_s` for opening a connection; `first_byte_s` for any silence on the
 socket (waiting for the response headers, and between chunks of a stream); `total_s`
 for the whole exchange, body included — it fails whatever is waiting with
-`ServerTimeoutError` and drops the connection.
+`ServerTimeoutError` and drops the connection. A dropped connection is aborted, so
+whatever of the request it still buffers is discarded, not flushed to the backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -49,6 +56,9 @@ _FIXED_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate",
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+# Bodies above this are written apart from their head and drained (the transport's own
+# high-water mark is 64 KiB); a chat request is far smaller and keeps the one write.
+LARGE_BODY_BYTES = 256 * 1024
 
 
 class ConnectFailed(ClientConnectionError):
@@ -125,13 +135,21 @@ class Http1Client:
     """POSTs to one backend over a bounded pool of kept-alive connections."""
 
     def __init__(self, base_url: str, *, max_connections: int, timeouts: Timeouts,
-                 headers: Mapping[str, str] | None = None, keepalive_s: float = 30.0) -> None:
+                 headers: Mapping[str, str] | None = None, keepalive_s: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context`: for an https URL, what to trust (default: the system's CAs)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"backend URL must be http(s)://host[:port][/path], not {base_url!r}")
+        if "@" in parts.netloc:  # never echoed: a secret; never silently dropped either
+            raise ValueError("backend URL must not carry credentials (user:password@); "
+                             "send them as a header")
+        if ssl_context is not None and parts.scheme != "https":
+            raise ValueError("an ssl_context needs an https backend URL")
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self._ssl = (ssl_context or ssl.create_default_context()
+                     if parts.scheme == "https" else None)
         self._prefix = parts.path.rstrip("/")
         default_port = parts.port is None or parts.port == (443 if self._ssl else 80)
         host_header = parts.hostname if default_port else f"{parts.hostname}:{parts.port}"
@@ -195,8 +213,14 @@ class Http1Client:
             transport = protocol.transport
             if transport is None:
                 raise ClientConnectionError("connection closed before the request was sent")
-            transport.write(b"%b%bContent-Length: %d\r\n\r\n%b" % (head, extra, len(body), body))
-            protocol.start_timeout()
+            if len(body) > LARGE_BODY_BYTES:
+                transport.write(b"%b%bContent-Length: %d\r\n\r\n" % (head, extra, len(body)))
+                transport.write(body)
+                await _drained(protocol, response)
+            else:
+                transport.write(b"%b%bContent-Length: %d\r\n\r\n%b"
+                                % (head, extra, len(body), body))
+            protocol.start_timeout()  # first_byte_s runs from the end of the writing
             message, payload = await protocol.read()
         except BaseException:
             response.close()
@@ -270,7 +294,7 @@ class Http1Client:
             self._idle.append((protocol, monotonic()))
             return
         if protocol is not None:
-            protocol.close()
+            protocol.abort()  # a request still buffered is dropped, not flushed
         while self._waiters:  # the slot passes to the next waiter, who opens anew
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -284,6 +308,21 @@ class Http1Client:
             protocol.close()
         self._open -= len(self._idle)
         self._idle.clear()
+
+
+async def _drained(protocol: ResponseHandler, response: Http1Response) -> None:
+    """Wait until the transport's write buffer is below its high-water mark.
+
+    aiohttp's own writer waits the same way (`BaseProtocol._drain_helper`). `total_s`
+    ends the wait: `_expire` aborts the connection, which wakes it.
+    """
+    # A closed connection ends the wait too: `read()` then gives the backend's answer
+    # (one sent before it stopped reading) or says why there is none.
+    with contextlib.suppress(ConnectionError):
+        await protocol._drain_helper()
+    if response._client is None:  # `_expire` finished the response under the writing
+        raise ServerTimeoutError("Total timeout: the backend did not read the request "
+                                 "body in time")
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

@@ -3,6 +3,7 @@
 One pool of kept-alive connections per backend (`http1.Http1Client`), bounded by
 `max_connections`. Timeouts come from the policy's `Backend.timeouts`:
   connect_s     TCP (and TLS) connect
+An https backend is verified against the system's CAs, or the policy's `ca_file`.
   first_byte_s  longest silence on the socket: waiting for the response headers, and
                 between two chunks of a stream (a backend that stays silent that long
                 is treated as dead)
@@ -12,6 +13,7 @@ One pool of kept-alive connections per backend (`http1.Http1Client`), bounded by
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 
 import aiohttp
@@ -59,11 +61,13 @@ class OpenAIUpstream:
 
     def client(self) -> Http1Client:
         if self._client is None:
-            timeouts = self.backend.timeouts
+            timeouts, ca_file = self.backend.timeouts, self.backend.ca_file
             self._client = Http1Client(
                 self.base_url, max_connections=self.backend.max_connections,
                 timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s),
-                headers=self._headers)
+                headers=self._headers,
+                ssl_context=None if ca_file is None else ssl.create_default_context(
+                    cafile=ca_file))
         return self._client
 
     def retire(self) -> None:
@@ -127,6 +131,10 @@ class OpenAIUpstream:
                 f"Backend '{self.name}' did not respond in time ({exc.__class__.__name__})."
             )) from exc
         except ConnectFailed as exc:
+            if isinstance(exc.os_error, ssl.SSLCertVerificationError):
+                raise UpstreamFailure(UpstreamError(
+                    f"Backend '{self.name}' failed TLS verification: "
+                    f"{exc.os_error.verify_message}.")) from exc
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{self.name}' is unreachable: {exc.os_error}.")) from exc
         except (aiohttp.ClientError, OSError) as exc:

@@ -217,6 +217,15 @@ CASES = [
            "write `type: openai`"),
     Broken("bool not a bool", BACKENDS.replace("    region: us\n", "    enabled: maybe\n"),
            14, 14, "backends.openai.enabled", "valid boolean"),
+    Broken("credentials in a backend url",
+           BACKENDS.replace("url: https://api", "url: https://user:s3cret@api"),
+           13, 10, "backends.openai.url", "must not carry credentials"),
+    Broken("ca_file that does not exist",
+           BACKENDS.replace("    region: us\n", "    ca_file: /nonexistent/ca.pem\n"),
+           14, 14, "backends.openai.ca_file", "no such file: /nonexistent/ca.pem"),
+    Broken("ca_file for a plain http url",
+           BACKENDS.replace("    deployment: dedicated\n", f"    ca_file: {__file__}\n", 1),
+           3, 3, "backends.local", "`ca_file` needs an https:// `url`"),
 ]
 
 
@@ -229,6 +238,13 @@ def test_broken_file_is_reported_at_its_exact_place(case: Broken) -> None:
     assert case.message in issue.message
     assert issue.hint == case.hint
     assert issue.source == "policy.yaml"
+
+
+def test_a_refused_backend_url_is_not_echoed() -> None:
+    text = BACKENDS.replace("url: https://api", "url: https://user:s3cret@api")
+    with pytest.raises(PolicyError) as raised:
+        loads(text, source="policy.yaml", environ={})
+    assert "s3cret" not in str(raised.value)
 
 
 def test_there_are_at_least_thirty_broken_files() -> None:

@@ -104,6 +104,15 @@ async def test_a_header_value_with_a_line_break_is_refused(server: Server) -> No
     await client.close()
 
 
+@pytest.mark.parametrize("url", ["http://user:s3cret@127.0.0.1:1/v1",
+                                 "https://:s3cret@[::1]:1/v1"])
+def test_a_url_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    # The policy refuses such a URL at load; the client never drops them silently.
+    with pytest.raises(ValueError, match="credentials") as refused:
+        Http1Client(url, max_connections=1, timeouts=RELAXED)
+    assert "s3cret" not in str(refused.value)
+
+
 async def test_connections_never_exceed_the_bound_and_waiters_are_served(
         server: Server) -> None:
     async def slow(request: web.Request) -> web.Response:
