@@ -12,9 +12,10 @@ and read one response — so this client keeps only the parts that do the work:
 - a pool of kept-alive connections per backend, bounded (`max_connections`), LIFO so
   the warmest connection is reused; a request waits in FIFO order for a free one;
 - the request written as one `bytes` (head precomputed per path) in one socket write;
-  a body over `LARGE_BODY_BYTES` is written after its head and waited on until the
-  transport's buffer drains (flow control), so a backend that reads slowly holds the
-  request back rather than the gateway's memory, and `total_s` covers the writing;
+  a body over `LARGE_BODY_BYTES` is written after its head a slice at a time, waiting
+  whenever the transport's buffer is over its high-water mark (flow control), so a
+  backend that reads slowly holds the request back rather than the gateway's memory,
+  `first_byte_s` starts once the body is sent, and `total_s` covers the writing;
 - TLS for https URLs, with the system's CAs or a given `ssl.SSLContext`; the server's
   name is sent (SNI) and checked against its certificate, as `ClientSession` does;
 - one retry, on a new connection, when a kept-alive connection is closed under a request
@@ -56,9 +57,12 @@ _FIXED_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate",
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
-# Bodies above this are written apart from their head and drained (the transport's own
-# high-water mark is 64 KiB); a chat request is far smaller and keeps the one write.
+# Bodies above this are written apart from their head, in slices under flow control;
+# a chat request is far smaller and keeps the one write. Slices, not one write: one
+# write is copied whole into the transport's buffer (TLS: into the socket transport's
+# under it, never pausing the TLS one), so only slices keep the buffer bounded.
 LARGE_BODY_BYTES = 256 * 1024
+WRITE_SLICE_BYTES = 64 * 1024  # asyncio's high-water mark for a socket transport
 
 
 class ConnectFailed(ClientConnectionError):
@@ -215,8 +219,7 @@ class Http1Client:
                 raise ClientConnectionError("connection closed before the request was sent")
             if len(body) > LARGE_BODY_BYTES:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n" % (head, extra, len(body)))
-                transport.write(body)
-                await _drained(protocol, response)
+                await _write_with_flow_control(protocol, response, body)
             else:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n%b"
                                 % (head, extra, len(body), body))
@@ -310,19 +313,26 @@ class Http1Client:
         self._idle.clear()
 
 
-async def _drained(protocol: ResponseHandler, response: Http1Response) -> None:
-    """Wait until the transport's write buffer is below its high-water mark.
-
-    aiohttp's own writer waits the same way (`BaseProtocol._drain_helper`). `total_s`
-    ends the wait: `_expire` aborts the connection, which wakes it.
-    """
-    # A closed connection ends the wait too: `read()` then gives the backend's answer
-    # (one sent before it stopped reading) or says why there is none.
-    with contextlib.suppress(ConnectionError):
-        await protocol._drain_helper()
-    if response._client is None:  # `_expire` finished the response under the writing
-        raise ServerTimeoutError("Total timeout: the backend did not read the request "
-                                 "body in time")
+async def _write_with_flow_control(protocol: ResponseHandler, response: Http1Response,
+                                   body: bytes) -> None:
+    """Write `body` a slice at a time; whenever the transport pauses writing (its buffer
+    over the high-water mark), wait until it drains, as aiohttp's own writer does
+    (`BaseProtocol._drain_helper`). `total_s` ends a wait: `_expire` aborts the
+    connection, which wakes it."""
+    view = memoryview(body)
+    for start in range(0, len(view), WRITE_SLICE_BYTES):
+        transport = protocol.transport
+        if transport is None:
+            # Closed by the backend: `read()` gives its answer (one sent before it
+            # stopped reading) or says why there is none.
+            return
+        transport.write(view[start:start + WRITE_SLICE_BYTES])
+        if protocol.writing_paused:
+            with contextlib.suppress(ConnectionError):  # the case above, seen next turn
+                await protocol._drain_helper()
+            if response._client is None:  # `_expire` finished the response meanwhile
+                raise ServerTimeoutError("Total timeout: the backend did not read the "
+                                         "request body in time")
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

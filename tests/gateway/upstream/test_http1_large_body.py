@@ -156,3 +156,25 @@ async def test_a_body_at_the_threshold_is_written_in_one_piece_and_arrives_whole
         response.release()
     assert backend.connections == 1
     await client.close()
+
+
+async def test_a_request_cancelled_while_its_body_is_written_drops_the_connection(
+        backends: list[SlowBackend]) -> None:
+    # A client that goes away while the gateway writes its large body to a backend that
+    # does not read: the connection is aborted and the slot is free at once.
+    backend = SlowBackend(["stall", "slow"])
+    backends.append(backend)
+    client = Http1Client(await backend.start(), max_connections=1,
+                         timeouts=Timeouts(connect_s=2.0, first_byte_s=5.0, total_s=10.0))
+    sending = asyncio.ensure_future(client.post("/x", large_body(32 * MIB)))
+    await asyncio.sleep(0.1)
+    assert not sending.done()  # held by flow control, not written into memory and left
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    backend.release.set()
+    assert await asyncio.wait_for(backend.stalled_got, 5.0) < 16 * MIB
+    response = await client.post("/x", b"{}")
+    assert orjson.loads(await response.read()) == {"length": 2, "values": 2}
+    response.release()
+    await client.close()

@@ -216,3 +216,29 @@ async def test_an_https_backend_with_an_untrusted_certificate_is_a_502_naming_it
     message = body["error"]["message"]
     assert "'up'" in message and "failed TLS verification" in message
     assert fake.received == []
+
+
+async def test_a_large_body_to_a_tls_backend_that_never_reads_it_ends_at_total_s(
+        ca: trustme.CA) -> None:
+    done = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head, then not a byte of the body
+        await done.wait()
+        writer.close()
+
+    server = await asyncio.start_server(stall, "127.0.0.1", 0, limit=64 * 1024,
+                                        ssl=server_context(ca, "127.0.0.1"))
+    port = server.sockets[0].getsockname()[1]
+    client = Http1Client(f"https://127.0.0.1:{port}/v1", max_connections=1,
+                         timeouts=Timeouts(connect_s=2.0, first_byte_s=5.0, total_s=0.4),
+                         ssl_context=trusting(ca))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(aiohttp.ServerTimeoutError, match="did not read the request body"):
+        await client.post("/x", b"x" * (32 << 20))
+    assert loop.time() - started < 1.5
+    done.set()
+    await client.close()
+    server.close()
+    await server.wait_closed()
