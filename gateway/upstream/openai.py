@@ -3,11 +3,12 @@
 One pool of kept-alive connections per backend (`http1.Http1Client`), bounded by
 `max_connections`. Timeouts come from the policy's `Backend.timeouts`:
   connect_s     TCP (and TLS) connect
-An https backend is verified against the system's CAs, or the policy's `ca_file`.
   first_byte_s  longest silence on the socket: waiting for the response headers, and
                 between two chunks of a stream (a backend that stays silent that long
                 is treated as dead)
   total_s       the whole exchange, streamed body included
+An https backend is verified (chain and server name) against the system's CAs, or
+against the backend's `ca_file` when the policy names one.
 """
 
 from __future__ import annotations
