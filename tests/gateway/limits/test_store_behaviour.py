@@ -98,6 +98,18 @@ async def test_extra_usage_settled_after_the_window_is_charged_when_it_arrives(s
     assert rejected.rejection.used == 500
 
 
+async def test_a_settled_correction_leaves_the_window_with_its_entry(store):
+    first = await admit(store, tpm(1000), T0, tokens=100)
+    await store.settle(first.reservation, 700, Charge(), T0 + 1)
+    assert (await admit(store, tpm(1000), T0 + 10, tokens=200)).admitted
+    rejected = await admit(store, tpm(1000), T0 + 20, tokens=500)
+    assert rejected.rejection.used == 900
+    # the first request's 700 (its estimate and the correction) make room at T0 + 60
+    assert rejected.rejection.retry_after_s == pytest.approx(40.0)
+    after = await admit(store, tpm(1000), T0 + WINDOW_S + 0.5, tokens=500)
+    assert after.admitted and after.states[0].tokens == 700  # 200 + 500
+
+
 async def test_tenants_have_separate_windows(store):
     assert (await admit(store, rpm(1), T0, tenant="acme")).admitted
     assert (await admit(store, rpm(1), T0, tenant="globex")).admitted
