@@ -5,6 +5,10 @@ engine, so the dashboard reads this window instead: the last `window_s` seconds
 (at most `max_samples` requests — memory is bounded however busy the gateway).
 In a multi-worker deployment each worker sees its own traffic only; Grafana over
 the Prometheus metrics is the cluster-wide view.
+
+The window keeps each sample as a plain tuple of strings and numbers, which the
+garbage collector stops tracking: tens of thousands of objects that live for
+minutes would otherwise be walked by every full collection (pauses of ~25 ms).
 """
 
 from __future__ import annotations
@@ -13,14 +17,10 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-# Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
-# by convention.
-@dataclass(slots=True)
-class Sample:
+class Sample(NamedTuple):
     at_s: float  # wall-clock seconds
     backend: str
     route: str
@@ -52,11 +52,11 @@ class LiveStats:
     ) -> None:
         self.window_s = window_s
         self.clock = clock
-        self._samples: deque[Sample] = deque(maxlen=max_samples)
+        self._samples: deque[tuple[Any, ...]] = deque(maxlen=max_samples)
         self._rejections: deque[tuple[float, str]] = deque(maxlen=max_samples)
 
     def record(self, sample: Sample) -> None:
-        self._samples.append(sample)
+        self._samples.append(tuple(sample))  # an exact tuple: see the module's docstring
 
     def rejected(self, kind: str) -> None:
         """A request refused before routing (`rate_limit`, `budget`, `shed`, …)."""
@@ -64,7 +64,7 @@ class LiveStats:
 
     def _trim(self, now: float) -> None:
         horizon = now - self.window_s
-        while self._samples and self._samples[0].at_s < horizon:
+        while self._samples and self._samples[0][0] < horizon:  # at_s
             self._samples.popleft()
         while self._rejections and self._rejections[0][0] < horizon:
             self._rejections.popleft()
@@ -73,7 +73,7 @@ class LiveStats:
         """JSON-ready summary: per backend p50/p95, shares, reasons, spend, rejections."""
         now = self.clock()
         self._trim(now)
-        samples = list(self._samples)
+        samples = [Sample._make(sample) for sample in self._samples]
         backends: dict[str, dict[str, Any]] = {}
         for name in sorted({s.backend for s in samples}):
             mine = [s for s in samples if s.backend == name]
