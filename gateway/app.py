@@ -6,6 +6,7 @@ Resources (upstream sessions, supervised children) open and close in
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -26,6 +27,7 @@ from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
 from gateway.telemetry.service import Telemetry
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.tls import warm as warm_tls
 from policies.load import Policy
 
 LIVE_POLICY = web.AppKey("routegate.live_policy", LivePolicy)
@@ -56,6 +58,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[HOOKS] = hooks
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
+    live.on_swap(_warm_tls_soon)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
@@ -72,8 +75,22 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
 
 
 async def _upstreams(app: web.Application) -> AsyncIterator[None]:
+    # TLS contexts of https backends read CA stores (~20 ms each): in a thread, before
+    # the first request rather than inside it
+    await asyncio.to_thread(warm_tls, app[LIVE_POLICY].current)
     yield
     await app[UPSTREAMS].close()
+
+
+def _warm_tls_soon(policy: Policy) -> None:
+    """After a reload: the new policy's TLS contexts, in a thread, before requests need
+    them (a reload runs on the event loop; without one, as in a script, right here)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        warm_tls(policy)
+        return
+    loop.run_in_executor(None, warm_tls, policy)
 
 
 async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:

@@ -9,6 +9,7 @@ these file models into the runtime `Policy`.
 from __future__ import annotations
 
 import re
+import ssl
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -139,8 +140,14 @@ class Backend(FileModel):
     def _url_or_launch(self) -> Backend:
         if self.url is None and self.launch is None:
             raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
-        if self.ca_file is not None and not (self.url or "").startswith("https://"):
-            raise ValueError("`ca_file` needs an https:// `url`")
+        if self.ca_file is not None:
+            if not (self.url or "").startswith("https://"):
+                raise ValueError("`ca_file` needs an https:// `url`")
+            try:  # read now, so a bad bundle fails the policy, not the first request
+                ssl.create_default_context(cafile=self.ca_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ValueError(f"`ca_file` {self.ca_file} is not a PEM bundle of CA "
+                                 f"certificates ({exc})") from None
         return self
 
 

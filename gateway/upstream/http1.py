@@ -51,6 +51,8 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.upstream.tls import tls_context
+
 USER_AGENT = "routegate"
 _FIXED_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate",
                   "User-Agent": USER_AGENT}
@@ -152,7 +154,7 @@ class Http1Client:
             raise ValueError("an ssl_context needs an https backend URL")
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl = (ssl_context or ssl.create_default_context()
+        self._ssl = (ssl_context or tls_context()  # shared: see gateway/upstream/tls.py
                      if parts.scheme == "https" else None)
         self._prefix = parts.path.rstrip("/")
         default_port = parts.port is None or parts.port == (443 if self._ssl else 80)

@@ -21,6 +21,7 @@ import aiohttp
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
+from gateway.upstream.tls import tls_context
 from policies.schema import Backend
 
 # Response headers relayed from the backend (the rest describe its own transport):
@@ -67,8 +68,8 @@ class OpenAIUpstream:
                 self.base_url, max_connections=self.backend.max_connections,
                 timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s),
                 headers=self._headers,
-                ssl_context=None if ca_file is None else ssl.create_default_context(
-                    cafile=ca_file))
+                ssl_context=tls_context(ca_file) if self.base_url.startswith("https:")
+                else None)
         return self._client
 
     def retire(self) -> None:

@@ -226,6 +226,9 @@ CASES = [
     Broken("ca_file for a plain http url",
            BACKENDS.replace("    deployment: dedicated\n", f"    ca_file: {__file__}\n", 1),
            3, 3, "backends.local", "`ca_file` needs an https:// `url`"),
+    Broken("ca_file that is not a PEM bundle",  # this test file: not a certificate
+           BACKENDS.replace("    region: us\n", f"    ca_file: {__file__}\n"),
+           11, 3, "backends.openai", "is not a PEM bundle of CA certificates"),
 ]
 
 
