@@ -67,7 +67,7 @@ def upstream_body(raw: bytes, body: dict[str, Any], upstream_name: str, *,
     although the client did not ask for it; the relay strips that chunk again.
     """
     if add_include_usage and "stream_options" in body:
-        options = body["stream_options"]
+        options = body["stream_options"] or {}  # `"stream_options": null` is allowed
         return orjson.dumps({**body, "model": upstream_name,
                              "stream_options": {**options, "include_usage": True}})
     spliced = None

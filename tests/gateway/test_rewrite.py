@@ -54,6 +54,11 @@ def test_include_usage_is_merged_into_existing_stream_options() -> None:
         "include_usage": True, "x": 1}
 
 
+def test_include_usage_replaces_null_stream_options() -> None:
+    raw = b'{"model":"chat","stream":true,"stream_options":null}'
+    assert orjson.loads(_rewrite(raw, usage=True))["stream_options"] == {"include_usage": True}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=12),

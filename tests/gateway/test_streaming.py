@@ -74,6 +74,18 @@ async def test_server_timing_comment_precedes_done(gateway: RunningGateway) -> N
     assert "upstream-fb;dur=" in response.headers["Server-Timing"]
 
 
+async def test_null_stream_options_streams_without_the_usage_chunk(
+        gateway: RunningGateway, openai_upstream: FakeOpenAI) -> None:
+    body = {**STREAM_BODY, "stream_options": None}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=body) as response:
+        events = await _events(response)
+
+    assert response.status == 200 and events[-1] == b"data: [DONE]"
+    assert openai_upstream.received[-1].json["stream_options"] == {"include_usage": True}
+    assert not any(b'"choices":[]' in event for event in events)
+
+
 async def test_upstream_dropping_mid_stream_ends_with_an_error_event(
         gateway: RunningGateway, openai_upstream: FakeOpenAI) -> None:
     openai_upstream.behaviour.drop_after_chunks = 2
