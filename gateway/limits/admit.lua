@@ -2,6 +2,8 @@
 -- KEYS: per scope i: KEYS[2i-1] log (zset: reservation id -> admitted at, ms),
 --                    KEYS[2i]   tokens (hash: reservation id -> tokens, "_total");
 --       then the tenant's day and month ledger hashes. All share the {tenant} hash tag.
+--       A log member "<id>:late" is tokens charged after its request's own entry left
+--       (settle.lua): no request, so "_late" in the tokens hash counts them out of RPM.
 -- ARGV: now_ms, window_ms, id, tokens, budget_day, budget_month (micro-dollars, -1: none),
 --       then per scope: requests_per_minute, tokens_per_minute (-1: none), ttl_ms.
 -- Returns {verdict, scope_index, limit, used, requested, retry_ms (-1: never fits),
@@ -24,6 +26,25 @@ if budget_day >= 0 and spent_day >= budget_day then
 end
 if budget_month >= 0 and spent_month >= budget_month then
   return {'budget_month', 0, budget_month, spent_month, 0, -1, spent_day, spent_month}
+end
+
+local function is_late(member)
+  return string.sub(member, -5) == ':late'
+end
+
+-- Seconds until the oldest request (not a late charge) leaves the window.
+local function requests_retry(log)
+  local start = 0
+  while true do
+    local page = redis.call('ZRANGE', log, start, start + CHUNK - 1, 'WITHSCORES')
+    if #page == 0 then return window end
+    for j = 1, #page, 2 do
+      if not is_late(page[j]) then
+        return math.max(0, tonumber(page[j + 1]) + window - now)
+      end
+    end
+    start = start + CHUNK
+  end
 end
 
 -- Seconds until enough of the oldest entries leave for `excess` tokens to be freed.
@@ -51,25 +72,28 @@ for i = 1, n do
   local log, tok = KEYS[2 * i - 1], KEYS[2 * i]
   local expired = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
   if #expired > 0 then
-    local freed = 0
+    local freed, late_freed = 0, 0
     for j = 1, #expired, CHUNK do
       local chunk = {unpack(expired, j, math.min(j + CHUNK - 1, #expired))}
       local amounts = redis.call('HMGET', tok, unpack(chunk))
-      for k = 1, #chunk do freed = freed + (tonumber(amounts[k]) or 0) end
+      for k = 1, #chunk do
+        freed = freed + (tonumber(amounts[k]) or 0)
+        if is_late(chunk[k]) then late_freed = late_freed + 1 end
+      end
       redis.call('HDEL', tok, unpack(chunk))
     end
     redis.call('HINCRBY', tok, '_total', -freed)
+    if late_freed > 0 then redis.call('HINCRBY', tok, '_late', -late_freed) end
     redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
   end
-  local count = redis.call('ZCARD', log)
+  local count = redis.call('ZCARD', log) - tonumber(redis.call('HGET', tok, '_late') or '0')
   local total = tonumber(redis.call('HGET', tok, '_total') or '0')
   counts[i], totals[i] = count, total
   if verdict == 'ok' then
     local rpm, tpm = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
     if rpm >= 0 and count + 1 > rpm then
       verdict, which, limit, used, requested = 'requests', i, rpm, count, 1
-      local first = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')
-      if first[2] then retry = math.max(0, tonumber(first[2]) + window - now) else retry = window end
+      retry = requests_retry(log)
     elseif tpm >= 0 and total + tokens > tpm then
       verdict, which, limit, used, requested = 'tokens', i, tpm, total, tokens
       if tokens > tpm then retry = -1 else retry = tokens_retry(log, tok, total + tokens - tpm) end

@@ -40,9 +40,12 @@ class _Window:
     tokens (`amounts`). An entry's sequence number counts every entry ever added;
     entries leave in order, so `expired` (how many have left) tells which are held.
     A settled request's correction of its tokens (actual − reserved) waits in
-    `corrections`, by sequence number, until its entry leaves."""
+    `corrections`, by sequence number, until its entry leaves. Extra tokens charged
+    after a request's own entry left (`add_late`) are entries that carry tokens but
+    are no request: their sequence numbers, ascending, are in `late`, and `requests`
+    leaves them out (the request was counted once, when admitted)."""
 
-    __slots__ = ("amounts", "ats", "corrections", "expired", "tokens")
+    __slots__ = ("amounts", "ats", "corrections", "expired", "late", "tokens")
 
     def __init__(self) -> None:
         self.ats: deque[float] = deque()
@@ -50,6 +53,21 @@ class _Window:
         self.tokens = 0
         self.expired = 0
         self.corrections: dict[int, int] = {}
+        self.late: deque[int] = deque()
+
+    @property
+    def requests(self) -> int:
+        return len(self.ats) - len(self.late)
+
+    def oldest_request_at(self) -> float | None:
+        """When the oldest request in the window was admitted (late charges skipped)."""
+        seq, late = self.expired, self.late
+        for late_seq in late:  # ascending; usually empty
+            if late_seq != seq:
+                break
+            seq += 1
+        index = seq - self.expired
+        return self.ats[index] if index < len(self.ats) else None
 
     def add(self, at: float, tokens: int) -> int:
         """Log a request; its sequence number."""
@@ -57,6 +75,10 @@ class _Window:
         self.amounts.append(tokens)
         self.tokens += tokens
         return self.expired + len(self.ats) - 1
+
+    def add_late(self, at: float, tokens: int) -> None:
+        """Charge tokens of a request whose own entry already left the window."""
+        self.late.append(self.add(at, tokens))
 
     def holds(self, seq: int) -> bool:
         return seq >= self.expired
@@ -75,6 +97,8 @@ class _Window:
             if corrections:
                 left += corrections.pop(self.expired, 0)
             self.tokens -= left
+            if self.late and self.late[0] == self.expired:
+                self.late.popleft()
             self.expired += 1
 
     def tokens_retry_after(self, needed: int, limit: int, now: float) -> float:
@@ -125,11 +149,12 @@ class MemoryStore:
             if rejection is not None:
                 continue
             rpm, tpm = scope.requests_per_minute, scope.tokens_per_minute
-            count = len(ats)
+            count = window.requests
             if rpm is not None and count >= rpm:
+                oldest = window.oldest_request_at()
                 rejection = Rejection("requests", scope, rpm, count, 1,
-                                      max(0.0, ats[0] + WINDOW_S - now)
-                                      if ats else WINDOW_S)
+                                      WINDOW_S if oldest is None
+                                      else max(0.0, oldest + WINDOW_S - now))
             elif tpm is not None and window.tokens + tokens > tpm:
                 rejection = Rejection("tokens", scope, tpm, window.tokens, tokens,
                                       None if tokens > tpm
@@ -142,7 +167,7 @@ class MemoryStore:
             reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now,
                                       self.name, placed)
         states = tuple([
-            ScopeState(scope, len(window.ats), window.tokens,
+            ScopeState(scope, window.requests, window.tokens,
                        window.ats[0] if window.ats else None)
             for scope, window in zip(scopes, windows, strict=True)
         ])
@@ -168,7 +193,7 @@ class MemoryStore:
                 if delta:
                     window.correct(seq, delta)
             elif delta > 0:  # aged out before the usage was known: charge it now
-                window.add(now, delta)
+                window.add_late(now, delta)
         for period in self._periods(reservation.tenant, now):
             period.requests += 1
             period.input_tokens += charge.input_tokens

@@ -18,10 +18,13 @@ for i = 1, n do
       redis.call('HINCRBY', tok, '_total', delta)
     end
   elseif delta > 0 then
-    -- the entry aged out before the usage was known: charge the extra now
+    -- the entry aged out before the usage was known: charge the extra now, as tokens
+    -- only ("_late" keeps it out of the request count; see admit.lua)
     local late = id .. ':late'
-    redis.call('ZADD', log, now, late)
-    redis.call('HSET', tok, late, delta)
+    if redis.call('ZADD', log, now, late) == 1 then
+      redis.call('HINCRBY', tok, '_late', 1)
+    end
+    redis.call('HINCRBY', tok, late, delta)
     redis.call('HINCRBY', tok, '_total', delta)
     redis.call('PEXPIRE', log, scope_ttl)
     redis.call('PEXPIRE', tok, scope_ttl)

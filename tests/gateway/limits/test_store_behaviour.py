@@ -98,6 +98,27 @@ async def test_extra_usage_settled_after_the_window_is_charged_when_it_arrives(s
     assert rejected.rejection.used == 500
 
 
+async def test_extra_usage_settled_after_the_window_uses_no_request_slot(store):
+    # A long stream that outlived its window and used more than its estimate: its
+    # tokens are charged late, but it was one request, already counted once.
+    scopes = (Scope("tenant", 1, 10_000),)
+    decision = await admit(store, scopes, T0, tokens=100)
+    await store.settle(decision.reservation, 600, Charge(), T0 + 90)
+    after = await admit(store, scopes, T0 + 91, tokens=100)
+    assert after.admitted
+    assert (after.states[0].requests, after.states[0].tokens) == (1, 600)
+
+
+async def test_a_request_limit_retry_counts_from_the_oldest_request_not_a_late_charge(store):
+    scopes = (Scope("tenant", 1, 10_000),)
+    decision = await admit(store, scopes, T0, tokens=100)
+    await store.settle(decision.reservation, 600, Charge(), T0 + 90)  # late, at T0 + 90
+    assert (await admit(store, scopes, T0 + 100)).admitted
+    rejected = await admit(store, scopes, T0 + 110)
+    assert rejected.rejection.kind == "requests" and rejected.rejection.used == 1
+    assert rejected.rejection.retry_after_s == pytest.approx(50.0)
+
+
 async def test_a_settled_correction_leaves_the_window_with_its_entry(store):
     first = await admit(store, tpm(1000), T0, tokens=100)
     await store.settle(first.reservation, 700, Charge(), T0 + 1)
