@@ -96,13 +96,16 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                            else UpstreamError)(
                     f"Backend '{name}' failed mid-stream: {exc!r}.")
                 ctx.error = failure
+                relay.drop_partial()
                 await write(error_event(failure.body()))
             else:
                 finished = True
+            last_event = relay.leftover()  # before usage is read: it may carry it
+            ctx.telemetry.relayed(last_event)
             ctx.usage = relay.usage
             ctx.telemetry.final_chunk(relay.usage_chunk)
             ctx.timing.upstream_finished()
-            tail = relay.leftover() + comment("server-timing " + ctx.timing.header())
+            tail = last_event + comment("server-timing " + ctx.timing.header())
             # the last bytes and the chunked terminator leave in one transport write
             await write_last(tail + DONE_EVENT if relay.done else tail)
         except ConnectionResetError:  # the client went away between two writes

@@ -77,9 +77,17 @@ class SseRelay:
         return True
 
     def leftover(self) -> bytes:
-        """An unterminated last event, forwarded as is when the stream ends."""
+        """An unterminated last event, completed and forwarded when the stream ends
+        (its usage and `[DONE]` counted as any other's): sent as it is, its last line
+        would run into whatever the caller writes after it."""
         rest, self._pending = self._pending, b""
-        return rest
+        if not rest.strip():
+            return b""
+        return self.feed(rest.rstrip(b"\n") + b"\n\n")
+
+    def drop_partial(self) -> None:
+        """The stream broke mid-event: the incomplete event is never forwarded."""
+        self._pending = b""
 
 
 def _content_count(data: bytes) -> int:

@@ -53,3 +53,22 @@ def test_an_unterminated_tail_is_available_at_the_end() -> None:
     relay = SseRelay(strip_usage_chunk=False)
     relay.feed(b'data: {"x":1}')
     assert orjson.loads(relay.leftover()[6:]) == {"x": 1}
+
+
+def test_an_unterminated_tail_is_completed_as_an_event() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    relay.feed(b'data: {"x":1}')
+    assert relay.leftover() == b'data: {"x":1}\n\n'
+
+
+def test_an_unterminated_usage_chunk_is_still_counted_and_stripped() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    relay.feed(CONTENT + USAGE.rstrip(b"\n"))
+    assert relay.leftover() == b"" and relay.usage is not None
+
+
+def test_a_partial_event_dropped_after_a_break_is_never_forwarded() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    relay.feed(b'data: {"choices":[{"delta":{"content":"a')
+    relay.drop_partial()
+    assert relay.leftover() == b""

@@ -1,0 +1,92 @@
+"""What a client gets when a backend's reply is malformed or cut short.
+
+Each backend here is a few lines of aiohttp handler writing exactly the bytes under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.conftest import StartGateway, single_backend_policy
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "chat", "messages": MESSAGES}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+StartScripted = Callable[[Handler], Awaitable[str]]
+
+
+@pytest.fixture
+async def scripted_upstream() -> AsyncIterator[StartScripted]:
+    """`url = await scripted_upstream(handler)`: a backend answering chat completions
+    with `handler`."""
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def _post(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/v1/chat/completions", json=body) as response:
+        return response.status, await response.read()
+
+
+def _data_lines(stream: bytes) -> list[bytes]:
+    return [line[6:] for event in stream.split(b"\n\n") for line in event.split(b"\n")
+            if line.startswith(b"data: ")]
+
+
+async def test_a_last_event_without_its_blank_line_reaches_the_client_whole(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}')
+        await response.write_eof()
+        return response
+
+    gateway = await start_gateway(single_backend_policy(await scripted_upstream(handler)))
+    status, stream = await _post(gateway.url, {**CHAT, "stream": True})
+
+    assert status == 200
+    chunks = [orjson.loads(data) for data in _data_lines(stream)]
+    assert [chunk["choices"][0]["delta"]["content"] for chunk in chunks] == ["a", "b"]
+
+
+async def test_a_stream_broken_mid_event_ends_with_the_error_and_no_half_event(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+                             b'data: {"choices":[{"index":0,"delta":{"con')
+        assert request.transport is not None
+        request.transport.close()  # no terminating chunk: the stream breaks
+        return response
+
+    gateway = await start_gateway(single_backend_policy(await scripted_upstream(handler)))
+    status, stream = await _post(gateway.url, {**CHAT, "stream": True})
+
+    assert status == 200
+    events = [orjson.loads(data) for data in _data_lines(stream)]
+    assert events[0]["choices"][0]["delta"]["content"] == "a"
+    assert events[1]["error"]["code"] == "upstream_error" and len(events) == 2
