@@ -46,6 +46,7 @@ class BackendQueues:
         self._weights = dict(tenant_weights or {})
         self._default_service_s = default_service_s
         self._queues: dict[str, SlotQueue] = {}
+        self._model_keys: set[str] = set()  # model queues the current policy limits
 
     @classmethod
     def from_policy(cls, policy: Policy, *, clock: Clock | None = None,
@@ -59,10 +60,18 @@ class BackendQueues:
         """Take limits from a (re)loaded policy; waiters already queued keep their place."""
         self._weights.update(
             (name, tenant.queue_weight) for name, tenant in policy.file.tenants.items())
+        model_keys = set()
         for target in policy.targets.values():
             if target.spec.max_concurrency is not None:
+                model_keys.add(target.key)
                 self.set_limit(target.key, target.spec.max_concurrency,
                                service_prior_s=_service_prior_s(target))
+        for key in self._model_keys - model_keys:
+            # The model lost its own limit (or left the policy): its waiters are served
+            # now, and its next requests wait in the backend's queue again. Tickets
+            # still held release into the old queue object, harmlessly.
+            self._queues.pop(key).set_limit(None)
+        self._model_keys = model_keys
         for name, backend in policy.file.backends.items():
             if not backend.enabled:
                 continue

@@ -115,3 +115,31 @@ tenants:
     served = [label.split("-")[0] for label in h.granted[1:21]]
     # Weight 3 against 1: gold gets three of every four slots.
     assert served.count("gold") == 15
+
+
+def model_limit_policy(model_limit: int | None) -> Policy:
+    limit = f"{{max_concurrency: {model_limit}}}" if model_limit else "{}"
+    return loads(f"""
+version: 1
+backends:
+  local:
+    type: openai
+    url: http://127.0.0.1:9/v1
+    max_concurrency: 8
+    models:
+      big: {limit}
+""", environ={})
+
+
+async def test_reloaded_policy_without_a_models_limit_sends_it_back_to_its_backends_queue(
+        clock: ManualClock) -> None:
+    queues = BackendQueues(clock=clock)
+    queues.apply_policy(model_limit_policy(1))
+    target = model_limit_policy(None).targets["local/big"]
+    h = Harness(queues, queues.queue_key(target))
+    await h.arrive_all("a", "b")
+    assert h.granted == ["a"]
+    queues.apply_policy(model_limit_policy(None))
+    await settle()
+    assert h.granted == ["a", "b"]  # the old limit no longer holds anyone back
+    assert queues.queue_key(target) == "local"
