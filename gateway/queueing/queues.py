@@ -94,8 +94,16 @@ class BackendQueues:
                 queue.set_service_prior(service_prior_s)
 
     def queue_key(self, target: ModelTarget) -> str:
-        """Which queue a routed target waits in."""
+        """Which queue a routed target waits in first (its own, else its backend's)."""
         return target.key if target.key in self._queues else target.backend_name
+
+    def queue_keys(self, target: ModelTarget) -> tuple[str, ...]:
+        """Every queue a routed target holds a slot in, innermost first: a model with
+        a limit of its own waits in its own queue, then in its backend's, so the
+        backend's `max_concurrency` bounds all of its models together."""
+        if target.key in self._queues:
+            return (target.key, target.backend_name)
+        return (target.backend_name,)
 
     def acquire(self, key: str, *, tenant: str, priority: Priority = "normal",
                 deadline: float | None = None, now: float | None = None) -> Acquisition:

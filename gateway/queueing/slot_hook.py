@@ -29,7 +29,7 @@ from gateway.queueing.slots import Ticket
 from policies.load import ModelTarget
 from routing.features import TTFT_BUDGET_HEADER, FeatureError, tightened
 
-QUEUE_STATE = "queue"  # ctx.state key: the held `Ticket` (key, priority, waited_s)
+QUEUE_STATE = "queue"  # ctx.state key: the held backend `Ticket` (key, priority, waited_s)
 
 
 class BackendSaturated(NoBackendAvailable):
@@ -79,19 +79,16 @@ class _Slot:
     """One attempt's place in its backend's queue (a class rather than an
     @asynccontextmanager: no generator per request)."""
 
-    __slots__ = ("_ctx", "_hook", "_target", "_ticket")
+    __slots__ = ("_ctx", "_hook", "_target", "_tickets")
 
     def __init__(self, hook: QueueSlotHook, ctx: RequestContext, target: ModelTarget) -> None:
         self._hook, self._ctx, self._target = hook, ctx, target
-        self._ticket: Ticket | None = None
+        self._tickets: list[Ticket] = []
 
     async def __aenter__(self) -> None:
-        ctx, target, queues = self._ctx, self._target, self._hook.queues
-        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+        ctx, target = self._ctx, self._target
         try:
-            ticket = await queues.acquire(
-                queues.queue_key(target), tenant=tenant,
-                priority=priority_of(ctx, tenant), deadline=self._hook.deadline(ctx))
+            await self._acquire_all()
         except QueueRejected as exc:
             raise BackendSaturated(f"{target.key} is saturated ({exc})",
                                    retry_after_s=exc.retry_after_s) from exc
@@ -100,11 +97,27 @@ class _Slot:
                 f"The request's time-to-first-token budget ran out after it waited "
                 f"{exc.waited_s:.2f} s in the queue for backend '{target.backend_name}'."
             ) from exc
-        ctx.timing.add_wait("queue", ticket.waited_s)
-        ctx.state[QUEUE_STATE] = ticket
-        self._ticket = ticket
+        tickets = self._tickets
+        ctx.timing.add_wait("queue", sum(ticket.waited_s for ticket in tickets))
+        ctx.state[QUEUE_STATE] = tickets[-1]
+
+    async def _acquire_all(self) -> None:
+        """A slot in each of the target's queues (its own, then its backend's), or none."""
+        ctx, target, queues = self._ctx, self._target, self._hook.queues
+        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+        priority, deadline = priority_of(ctx, tenant), self._hook.deadline(ctx)
+        tickets = self._tickets
+        try:
+            for key in queues.queue_keys(target):
+                tickets.append(await queues.acquire(key, tenant=tenant, priority=priority,
+                                                    deadline=deadline))
+        except BaseException:
+            for held in tickets:  # a model slot taken before its backend refused
+                held.release()
+            tickets.clear()
+            raise
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         traceback: object) -> None:
-        if self._ticket is not None:
-            self._ticket.release()
+        for ticket in self._tickets:
+            ticket.release()

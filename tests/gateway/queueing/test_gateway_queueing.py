@@ -180,3 +180,30 @@ async def test_queue_wait_is_a_histogram_per_backend_and_priority(
     for priority in ("low", "high"):
         assert (f'routegate_queue_wait_seconds_count{{backend="local",priority="{priority}"}} 1.0'
                 in exposition)
+
+
+async def test_a_model_with_its_own_limit_also_counts_against_its_backends_limit(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream(Behaviour(first_byte_delay_s=0.5))
+    local = {"type": "openai", "url": fake.url, "deployment": "dedicated", "max_concurrency": 1,
+             "models": {"big": {"priors": SLOW_PRIORS, "max_concurrency": 1},
+                        "small": {"priors": SLOW_PRIORS}}}
+    budget = {"latency_budget": {"ttft_ms": 1000}}
+    gateway = await start_gateway({
+        "version": 1, "backends": {"local": local},
+        "routes": {"big": {"targets": ["local/big"], **budget},
+                   "small": {"targets": ["local/small"], **budget}},
+        "auth": {"anonymous": {"enabled": True, "loopback_only": True}}})
+
+    async def ask(model: str) -> int:
+        body = {"model": model, "messages": [{"role": "user", "content": model}]}
+        async with aiohttp.ClientSession() as s, \
+                s.post(gateway.base_url + "/chat/completions", json=body) as r:
+            return r.status
+
+    holder = asyncio.create_task(ask("big"))
+    await fake.request_seen.wait()
+    # The backend's one slot is taken by the big model's request: nothing else fits.
+    assert await ask("small") == 503
+    assert await holder == 200
+    assert contents(fake) == ["big"]
