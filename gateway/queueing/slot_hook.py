@@ -58,7 +58,10 @@ class QueueSlotHook:
 
     def deadline(self, ctx: RequestContext) -> float | None:
         """Arrival + TTFT budget, on the queue's clock; None when the request has no budget."""
-        route = ctx.policy.routes.get(ctx.model)
+        # the route that serves this tenant (a tenant's `routes` may send it elsewhere)
+        tenant = ctx.identity.tenant if ctx.identity is not None else None
+        served = ctx.policy.resolve_model(ctx.model, tenant)
+        route = ctx.policy.routes.get(served) if served is not None else None
         budget_ms = route.latency_budget.ttft_ms if route is not None else None
         # A malformed header is routing's to report (400); the queue keeps the route's budget.
         with contextlib.suppress(FeatureError):

@@ -207,3 +207,19 @@ async def test_a_model_with_its_own_limit_also_counts_against_its_backends_limit
     assert await ask("small") == 503
     assert await holder == 200
     assert contents(fake) == ["big"]
+
+
+async def test_the_queue_deadline_comes_from_the_route_that_serves_the_tenant(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream(Behaviour(first_byte_delay_s=0.5))
+    config = policy({"local": backend(fake.url, priors=SLOW_PRIORS)}, tenants={
+        "premium": {"api_keys": [key_hash("k-premium")], "routes": {"chat": "chat-fast"}}})
+    config["routes"]["chat-fast"] = {"targets": ["local/m"], "latency_budget": {"ttft_ms": 1000}}
+    gateway = await start_gateway(config)
+    holder = asyncio.create_task(post(gateway, "holder"))
+    await fake.request_seen.wait()
+    # Asked for `chat`, served by `chat-fast`: its 1 s budget cannot survive the wait.
+    status, _, body = await post(gateway, "premium", key="k-premium")
+    assert status == 503 and body["error"]["code"] == "backend_overloaded"
+    assert (await holder)[0] == 200
+    assert contents(fake) == ["holder"]
