@@ -49,7 +49,8 @@ def _text(content: Any, param: str) -> str:
 
 
 def _image_part(block: Body, param: str) -> Body:
-    source = block.get("source") or {}
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}  # a string: refused below
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type')};base64,{source.get('data')}"
     elif source.get("type") == "url" and isinstance(source.get("url"), str):
@@ -108,7 +109,9 @@ def _tools(tools: Any) -> list[Body]:
     if not isinstance(tools, list):
         raise _invalid("Input should be a list", "tools")
     out = []
-    for tool in tools:
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise _invalid("Input should be an object", f"tools.{index}")
         function: Body = {"name": tool.get("name"),
                           "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description"):
@@ -156,7 +159,10 @@ def chat_request(body: Body, *, counting: bool = False) -> Body:
     if body.get("stream") is True:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # Messages streams always report it
-    user = (body.get("metadata") or {}).get("user_id")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _invalid("Input should be an object", "metadata")
+    user = (metadata or {}).get("user_id")
     if isinstance(user, str):
         chat["user"] = user
     if body.get("tools"):

@@ -87,7 +87,10 @@ def _blocks(content: Any) -> list[Body]:
 def _tool_use_blocks(message: Body) -> list[Body]:
     blocks = []
     for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise BadRequest("A tool call must be an object with a 'function' object.",
+                             param="messages")
         try:
             arguments = orjson.loads(function.get("arguments") or "{}")
         except orjson.JSONDecodeError as exc:
@@ -130,7 +133,7 @@ def _tools(body: Body) -> list[Body]:
     tools = []
     for tool in body.get("tools") or ():
         function = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(function, dict):
+        if not isinstance(function, dict) or tool.get("type") != "function":
             raise BadRequest("Only function tools can be sent to an Anthropic backend.",
                              param="tools")
         entry: Body = {"name": function.get("name"),

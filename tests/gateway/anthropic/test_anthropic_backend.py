@@ -249,3 +249,24 @@ async def test_the_default_policys_anthropic_backend_works_once_its_key_is_set(
 
     assert reply.choices[0].message.content == "Hello from the fake Anthropic upstream."
     assert anthropic_upstream.received[-1].json["model"] == "claude-haiku-4-5"
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": ["search"]},
+    {"messages": [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None, "tool_calls": ["call"]}]},
+    {"messages": [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [{"id": "c1", "type": "function", "function": "f"}]}]},
+], ids=["tool-string", "tool-call-string", "tool-call-function-string"])
+async def test_a_malformed_tool_field_is_a_400_not_a_500(
+        anthropic_upstream: FakeAnthropic, start_gateway: StartGateway,
+        extra: dict[str, object]) -> None:
+    gateway = await start_gateway(anthropic_policy(anthropic_upstream.url))
+    body = {"model": "chat", "messages": MESSAGES, **extra}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=body) as response:
+        status, error = response.status, (await response.json())["error"]
+
+    assert status == 400 and error["type"] == "invalid_request_error"
+    assert anthropic_upstream.received == []

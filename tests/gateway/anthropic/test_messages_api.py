@@ -236,3 +236,24 @@ async def test_a_backend_failing_mid_stream_ends_the_stream_with_an_error_event(
     assert len(received) == 2
     assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
     assert "mid-stream" in caught.value.body["error"]["message"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"metadata": "user-1"}, "metadata"),
+    ({"tools": ["search"]}, "tools.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": "http://x"}]}]},
+     "messages.0.content.0"),
+], ids=["metadata-string", "tool-string", "image-source-string"])
+async def test_a_malformed_field_is_a_bad_request_naming_it(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway, extra: dict[str, Any],
+        param: str) -> None:
+    gateway = await start_gateway(keyed(single_backend_policy(openai_upstream.url)))
+    body = {"model": "chat", "max_tokens": 16, "messages": MESSAGES, **extra}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.url + "/v1/messages", headers={"x-api-key": GATEWAY_KEY},
+            json=body) as response:
+        status, error = response.status, (await response.json())["error"]
+
+    assert status == 400
+    assert error["type"] == "invalid_request_error" and error["message"].startswith(param)
+    assert openai_upstream.received == []
