@@ -37,12 +37,14 @@ RELAY_STATE = "sse_relay"  # the pipeline's SseRelay for a streamed response
 HEADERS_KEY = web.RequestKey("routegate.ratelimit_headers", dict[str, str])
 
 
-def expected_output_tokens(ctx: RequestContext) -> int:
+def expected_output_tokens(ctx: RequestContext, served: str | None = None) -> int:
+    """`served`: the route that serves the request (a tenant's `routes` may differ
+    from the model it asked for)."""
     for name in ("max_completion_tokens", "max_tokens"):
         value = ctx.body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    route = ctx.policy.routes.get(ctx.model)
+    route = ctx.policy.routes.get(ctx.model if served is None else served)
     if route is not None:
         return route.expected_output_tokens
     return 0 if ctx.endpoint.name == "embeddings" else 256
@@ -84,7 +86,7 @@ class LimitsAdmission:
         served = ctx.policy.resolve_model(ctx.model, tenant)
         route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
-            ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx),
+            ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx, served),
             key_hash=identity.key_hash if identity is not None else None, route=route)
         ctx.state[TICKET_STATE] = ticket
         ctx.state[BUDGET_LEFT_STATE] = ticket.remaining_budget_micros

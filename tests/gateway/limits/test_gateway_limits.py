@@ -206,3 +206,22 @@ async def test_fail_closed_answers_503_at_once_while_redis_is_down_then_recovers
             await asyncio.sleep(0.02)
     await client.close()
     assert len(upstream.received) == 1
+
+
+async def test_the_reservation_expects_the_output_of_the_route_that_serves_the_tenant(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    upstream = await start_upstream()
+    policy = limited_policy(upstream.url, tpm=100_000, tenants={"premium": {
+        "api_keys": ["sha256:" + hashlib.sha256(b"k-premium").hexdigest()],
+        "routes": {"chat": "chat-long"}}})
+    policy["routes"]["chat-long"] = {"targets": ["up/gpt-4o-mini"],
+                                     "expected_output_tokens": 5000}
+    gateway = await start_gateway(policy)
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions",
+            json={"model": "chat", "messages": MESSAGES, "stream": True},
+            headers={"Authorization": "Bearer k-premium"}) as response:
+        assert response.status == 200
+        # reserved while it runs: the input plus chat-long's 5000 expected output tokens
+        assert int(response.headers["x-ratelimit-remaining-tokens"]) <= 100_000 - 5000
+        await response.read()
