@@ -44,14 +44,17 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
     if 400 <= status < 500 and not _is_openai_error(data):
         raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
                                   f"(HTTP {status}): {data[:300].decode(errors='replace')}")
-    if status < 300:
-        reply = _parsed(data) if len(data) <= MAX_PARSED_REPLY_BYTES else None
-        if reply is not None:  # parsed once: usage here, model/id/finish reasons for spans
-            usage = reply.get("usage")
-            ctx.usage = usage if isinstance(usage, dict) else None
-            ctx.telemetry.response_json(reply)
-        else:
-            ctx.usage = usage_of(data)
+    if status < 300 and len(data) <= MAX_PARSED_REPLY_BYTES:
+        reply = _parsed(data)  # parsed once: usage here, model/id/finish reasons for spans
+        if reply is None:  # an HTML page from a proxy, a cut body: nothing sent yet
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{name}' answered HTTP {status} with something other than a "
+                f"JSON object: {data[:200].decode(errors='replace')!r}."), status=status)
+        usage = reply.get("usage")
+        ctx.usage = usage if isinstance(usage, dict) else None
+        ctx.telemetry.response_json(reply)
+    elif status < 300:
+        ctx.usage = usage_of(data)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
                "X-Request-Id": ctx.request_id}
     for header in PASSTHROUGH_HEADERS:

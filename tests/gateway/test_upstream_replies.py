@@ -90,3 +90,38 @@ async def test_a_stream_broken_mid_event_ends_with_the_error_and_no_half_event(
     events = [orjson.loads(data) for data in _data_lines(stream)]
     assert events[0]["choices"][0]["delta"]["content"] == "a"
     assert events[1]["error"]["code"] == "upstream_error" and len(events) == 2
+
+
+async def test_a_success_status_without_json_is_502_naming_the_backend(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"<html>upstream proxy</html>", content_type="text/html")
+
+    gateway = await start_gateway(single_backend_policy(await scripted_upstream(handler)))
+    status, body = await _post(gateway.url, CHAT)
+
+    assert status == 502
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "upstream_error" and "'up'" in error["message"]
+
+
+async def test_a_success_status_without_json_falls_back_to_the_next_candidate(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def broken(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b'{"id": "chatcmpl-1", "choi', content_type="application/json")
+
+    async def healthy(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "chatcmpl-2", "object": "chat.completion",
+                                  "choices": [], "usage": None})
+
+    policy = single_backend_policy(await scripted_upstream(broken))
+    policy["backends"]["spare"] = {"type": "openai", "url": await scripted_upstream(healthy),
+                                   "models": {"m": {}}}
+    policy["routes"]["chat"]["targets"].append("spare/m")
+    gateway = await start_gateway(policy)
+    status, body = await _post(gateway.url, CHAT)
+
+    assert status == 200 and orjson.loads(body)["id"] == "chatcmpl-2"
