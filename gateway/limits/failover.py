@@ -10,7 +10,10 @@ once when it ends, and counted.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
-it returns, so budgets stay right across short outages.
+it returns, so budgets stay right across short outages. While Redis is down, a
+tenant's budget is checked against what Redis last reported it had spent (plus
+what this replica has charged since) and the outage's own spend, so a budget
+spent before the outage stays spent during it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from gateway.limits.ledger import PeriodCache
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import (
@@ -43,6 +47,16 @@ OnStoreError = Literal["fail_open", "fail_closed"]
 MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
 
 
+@dataclass(slots=True)
+class _KnownSpend:
+    """A tenant's spend in the Redis ledger as this replica last learnt it."""
+
+    day: str
+    day_micros: int
+    month: str
+    month_micros: int
+
+
 class FailoverStore:
     name: StoreName = "redis"
 
@@ -60,19 +74,66 @@ class FailoverStore:
         self._down_since = 0.0
         self._unsettled: deque[tuple[Reservation, int, Charge, float]] = deque()
         self._probe: asyncio.Task[None] | None = None
+        # tenant → its Redis spend, kept for budget checks during an outage (one entry
+        # per tenant the policy knows)
+        self._known: dict[str, _KnownSpend] = {}
+        self._periods = PeriodCache()
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
         if self.healthy:
             try:
-                return await self.primary.admit(tenant, scopes, tokens, budget, now, request_id)
+                decision = await self.primary.admit(tenant, scopes, tokens, budget, now,
+                                                    request_id)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
+            else:
+                periods = self._periods.at(now)
+                self._known[tenant] = _KnownSpend(periods.day, decision.spent_day_micros,
+                                                  periods.month, decision.spent_month_micros)
+                return decision
         if self.on_error == "fail_closed":
             self.rejected_unavailable += 1
             raise StoreUnavailable("the rate limit store is unavailable")
         self.fallback_admissions += 1
-        return await self.fallback.admit(tenant, scopes, tokens, budget, now, request_id)
+        if budget.day_micros is None and budget.month_micros is None:
+            return await self.fallback.admit(tenant, scopes, tokens, budget, now, request_id)
+        # The fallback's ledger holds only this outage's spend: check the budget less
+        # what Redis had, and report the two together.
+        spent_day, spent_month = self._known_spend(tenant, now)
+        local_budget = BudgetLimits(
+            None if budget.day_micros is None else budget.day_micros - spent_day,
+            None if budget.month_micros is None else budget.month_micros - spent_month)
+        decision = await self.fallback.admit(tenant, scopes, tokens, local_budget, now,
+                                             request_id)
+        decision.spent_day_micros += spent_day
+        decision.spent_month_micros += spent_month
+        rejection = decision.rejection
+        if rejection is not None and rejection.kind in ("budget_day", "budget_month"):
+            daily = rejection.kind == "budget_day"
+            decision.rejection = replace(
+                rejection, limit=(budget.day_micros if daily else budget.month_micros) or 0,
+                used=decision.spent_day_micros if daily else decision.spent_month_micros)
+        return decision
+
+    def _known_spend(self, tenant: str, now: float) -> tuple[int, int]:
+        known = self._known.get(tenant)
+        if known is None:
+            return 0, 0
+        periods = self._periods.at(now)
+        return (known.day_micros if known.day == periods.day else 0,
+                known.month_micros if known.month == periods.month else 0)
+
+    def _charged(self, tenant: str, cost_micros: int, now: float) -> None:
+        """Spend that reached the Redis ledger through this replica."""
+        known = self._known.get(tenant)
+        if known is None or not cost_micros:
+            return
+        periods = self._periods.at(now)
+        if known.day == periods.day:
+            known.day_micros += cost_micros
+        if known.month == periods.month:
+            known.month_micros += cost_micros
 
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
@@ -84,9 +145,11 @@ class FailoverStore:
         if self.healthy:
             try:
                 await self.primary.settle(reservation, actual_tokens, charge, now)
-                return
             except StoreUnavailable as exc:
                 self._mark_down(exc)
+            else:
+                self._charged(reservation.tenant, charge.cost_micros, now)
+                return
         self._defer(reservation, actual_tokens, charge, now)
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
@@ -134,9 +197,13 @@ class FailoverStore:
                     reservation, actual_tokens, charge, at = self._unsettled[0]
                     await self.primary.settle(reservation, actual_tokens, charge, at)
                     self._unsettled.popleft()
+                    self._charged(reservation.tenant, charge.cost_micros, at)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
                 continue
+            # Everything the fallback charged is in Redis now (and in `_known`): kept,
+            # it would count twice in the next outage.
+            self.fallback.clear_ledger()
             if not self.healthy:
                 log.warning("rate limit store is back after %.1f s; using it again",
                             time.monotonic() - self._down_since)

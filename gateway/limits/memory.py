@@ -207,6 +207,10 @@ class MemoryStore:
     async def aclose(self) -> None:
         return None
 
+    def clear_ledger(self) -> None:
+        """Forget all spend: the fail-open fallback's, once it has reached Redis."""
+        self._ledger.clear()
+
     def _periods(self, tenant: str, now: float) -> tuple[PeriodUsage, PeriodUsage]:
         periods = self._periods_cache.at(now)
         current = self._ledger.get(tenant)

@@ -111,3 +111,50 @@ async def test_local_decisions_report_the_share_in_their_states(
     decision = await admit(store, "a")
     await store.aclose()
     assert decision.states[0].scope.requests_per_minute == 5
+
+
+async def test_a_budget_spent_before_an_outage_stays_spent_during_it(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    budget = BudgetLimits(day_micros=1000)
+    before = await store.admit("acme", SCOPES, 1, budget, T0, "a")
+    await store.settle(before.reservation, 1, Charge(0, 1, 1000), T0 + 1)
+    redis_server.kill()
+    during = await store.admit("acme", SCOPES, 1, budget, T0 + 2, "b")
+    await store.aclose()
+    assert not during.admitted
+    rejection = during.rejection
+    assert (rejection.kind, rejection.limit, rejection.used) == ("budget_day", 1000, 1000)
+
+
+async def test_spend_before_and_during_an_outage_add_up_against_the_budget(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    budget = BudgetLimits(day_micros=1000)
+    before = await store.admit("acme", SCOPES, 1, budget, T0, "a")
+    await store.settle(before.reservation, 1, Charge(0, 1, 600), T0 + 1)
+    redis_server.kill()
+    during = await store.admit("acme", SCOPES, 1, budget, T0 + 2, "b")
+    assert during.admitted and during.spent_day_micros == 600
+    await store.settle(during.reservation, 1, Charge(0, 1, 500), T0 + 3)
+    after = await store.admit("acme", SCOPES, 1, budget, T0 + 4, "c")
+    await store.aclose()
+    assert after.rejection is not None and after.rejection.used == 1100
+
+
+async def test_spend_replayed_after_an_outage_is_not_counted_twice_in_the_next(
+        redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    budget = BudgetLimits(day_micros=1000)
+    before = await store.admit("acme", SCOPES, 1, budget, T0, "a")
+    await store.settle(before.reservation, 1, Charge(0, 1, 300), T0 + 1)
+    redis_server.kill()
+    first_outage = await store.admit("acme", SCOPES, 1, budget, T0 + 2, "b")
+    await store.settle(first_outage.reservation, 1, Charge(0, 1, 300), T0 + 3)
+    redis_server.start()
+    await wait_until_healthy(store)
+    redis_server.kill()
+    second_outage = await store.admit("acme", SCOPES, 1, budget, T0 + 4, "c")
+    await store.aclose()
+    assert second_outage.reservation.store == "fallback"
+    assert second_outage.spent_day_micros == 600
