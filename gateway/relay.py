@@ -35,7 +35,7 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
     try:
         data = await response.read()
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise UpstreamFailure(UpstreamError(
+        raise UpstreamFailure(_failed(exc)(
             f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
     finally:
         response.release()
@@ -72,7 +72,7 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         try:  # nothing has reached the client yet: a failure here may fall back
             first = await content.readany()
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailure(UpstreamError(
+            raise UpstreamFailure(_failed(exc)(
                 f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
         if not first:
             raise UpstreamFailure(UpstreamError(
@@ -95,9 +95,7 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                         ctx.telemetry.relayed(out)
                         await write(out)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                failure = (UpstreamTimeout if isinstance(exc, TimeoutError)
-                           else UpstreamError)(
-                    f"Backend '{name}' failed mid-stream: {exc!r}.")
+                failure = _failed(exc)(f"Backend '{name}' failed mid-stream: {exc!r}.")
                 ctx.error = failure
                 relay.drop_partial()
                 await write(error_event(failure.body()))
@@ -120,6 +118,11 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             response.release()
         else:
             response.close()  # drop the connection: the backend stops generating
+
+
+def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:
+    """A backend that went silent past its timeout is a 504, any other failure a 502."""
+    return UpstreamTimeout if isinstance(exc, TimeoutError) else UpstreamError
 
 
 def _writers(client: web.StreamResponse, dialect: Dialect | None,

@@ -5,6 +5,7 @@ Each backend here is a few lines of aiohttp handler writing exactly the bytes un
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ async def scripted_upstream() -> AsyncIterator[StartScripted]:
     async def start(handler: Handler) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         runners.append(runner)
@@ -125,3 +126,23 @@ async def test_a_success_status_without_json_falls_back_to_the_next_candidate(
     status, body = await _post(gateway.url, CHAT)
 
     assert status == 200 and orjson.loads(body)["id"] == "chatcmpl-2"
+
+
+async def test_a_json_body_that_stalls_past_the_timeout_is_504(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b'{"id": "chatcmpl-1", ')
+        await asyncio.sleep(5)  # the rest never comes in time
+        return response
+
+    policy = single_backend_policy(await scripted_upstream(handler))
+    policy["backends"]["up"]["timeouts"] = {"first_byte_s": 0.2}
+    gateway = await start_gateway(policy)
+    status, body = await _post(gateway.url, CHAT)
+
+    assert status == 504
+    assert orjson.loads(body)["error"]["code"] == "upstream_timeout"
