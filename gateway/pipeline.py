@@ -247,8 +247,10 @@ class Pipeline:
                 "; " + "; ".join(unavailable) if unavailable else "")
         if all(failure.status == 429 for failure in failures):
             headers = {}
-            if "Retry-After" in last.headers:
-                headers["Retry-After"] = last.headers["Retry-After"]
+            for failure in reversed(failures):  # the latest advice any of them gave
+                if "Retry-After" in failure.headers:
+                    headers["Retry-After"] = failure.headers["Retry-After"]
+                    break
             return RateLimited(summary, headers=headers)
         return last.error.__class__(summary)
 

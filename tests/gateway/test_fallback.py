@@ -107,3 +107,17 @@ async def test_attempts_are_bounded_by_max_attempts(
 
     assert code == 502
     assert [len(fake.received) for fake in fakes] == [1, 1, 0, 0]
+
+
+async def test_all_candidates_rate_limited_is_429_with_the_retry_after_one_of_them_gave(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first = await start_upstream(Behaviour(status=429, retry_after="30"), name="first")
+    second = await start_upstream(Behaviour(status=429), name="second")
+    gateway = await start_gateway(two_backend_policy(first.url, second.url))
+
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.url + "/v1/chat/completions", json=BODY) as response:
+        status, retry_after = response.status, response.headers.get("Retry-After")
+
+    assert status == 429 and retry_after == "30"
+    assert len(first.received) == 1 and len(second.received) == 1
