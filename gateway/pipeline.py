@@ -116,21 +116,7 @@ class Pipeline:
         ctx.identity = self.auth.authenticate(ctx.request, ctx.policy)
 
     async def read_body(self, ctx: RequestContext) -> None:
-        limit = ctx.policy.file.server.max_body_bytes
-        request = ctx.request
-        length = request.content_length
-        if length is not None:
-            if length > limit:
-                raise _too_large(limit)
-            ctx.raw = await request.read()
-            return
-        chunks, size = [], 0
-        while chunk := await request.content.readany():  # chunked: count as it arrives
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-        ctx.raw = b"".join(chunks)
+        ctx.raw = await read_limited(ctx.request, ctx.policy.file.server.max_body_bytes)
 
     def parse(self, ctx: RequestContext) -> None:
         if not ctx.raw.strip():
@@ -253,6 +239,23 @@ class Pipeline:
                     break
             return RateLimited(summary, headers=headers)
         return last.error.__class__(summary)
+
+
+async def read_limited(request: web.Request, limit: int) -> bytes:
+    """The request body, or 413 once it is known to exceed `limit` bytes (Content-Length
+    first; a chunked body is counted as it arrives, never held whole)."""
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            raise _too_large(limit)
+        return await request.read()
+    chunks, size = [], 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

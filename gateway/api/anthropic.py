@@ -28,7 +28,8 @@ from gateway.api.anthropic_translate import (
 from gateway.api.openai import PIPELINE
 from gateway.api.validate import check_chat, model_name
 from gateway.context import Endpoint
-from gateway.errors import BadRequest, GatewayError, ModelNotFound, PayloadTooLarge
+from gateway.errors import BadRequest, GatewayError, ModelNotFound
+from gateway.pipeline import read_limited
 from gateway.routing_hook import ROUTING
 
 log = logging.getLogger("routegate.api.anthropic")
@@ -105,10 +106,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
     pipeline.auth.authenticate(request, policy)
-    limit = policy.file.server.max_body_bytes
-    if (request.content_length or 0) > limit:
-        raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
-    raw = await request.read()
+    raw = await read_limited(request, policy.file.server.max_body_bytes)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

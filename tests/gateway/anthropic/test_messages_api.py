@@ -257,3 +257,22 @@ async def test_a_malformed_field_is_a_bad_request_naming_it(
     assert status == 400
     assert error["type"] == "invalid_request_error" and error["message"].startswith(param)
     assert openai_upstream.received == []
+
+
+async def test_count_tokens_refuses_a_chunked_body_over_the_limit(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    policy = keyed(single_backend_policy(openai_upstream.url, server={"max_body_bytes": 1000}))
+    gateway = await start_gateway(policy)
+
+    async def chunks() -> Any:  # no Content-Length: the limit applies while reading
+        yield b'{"model": "chat", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"x" * 200
+        yield b'"}]}'
+
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.url + "/v1/messages/count_tokens", headers={"x-api-key": GATEWAY_KEY},
+            data=chunks()) as response:
+        status, error = response.status, (await response.json())["error"]
+
+    assert status == 413 and error["type"] == "request_too_large"
