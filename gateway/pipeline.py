@@ -242,20 +242,23 @@ class Pipeline:
 
 
 async def read_limited(request: web.Request, limit: int) -> bytes:
-    """The request body, or 413 once it is known to exceed `limit` bytes (Content-Length
-    first; a chunked body is counted as it arrives, never held whole)."""
+    """The request body, or 413 once it is known to exceed `limit` bytes: by its
+    Content-Length before reading, else counted as it arrives, never held whole. Counted
+    even with a Content-Length: a `Content-Encoding: gzip` body is inflated as it is read,
+    and its Content-Length says nothing about what it inflates to."""
     length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise _too_large(limit)
-        return await request.read()
+    if length is not None and length > limit:
+        raise _too_large(limit)
     chunks, size = [], 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except web.RequestPayloadError as exc:  # bad chunking or a body that does not inflate
+        raise BadRequest(f"We could not read the body of your request ({exc}).") from exc
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import aiohttp
 import orjson
 import pytest
@@ -111,6 +113,31 @@ async def test_chunked_body_over_the_limit_is_413(openai_upstream: FakeOpenAI,
     async with aiohttp.ClientSession() as session, session.post(
             gateway.base_url + "/chat/completions", data=chunks()) as response:
         assert response.status == 413
+
+
+async def test_a_compressed_body_over_the_limit_once_inflated_is_413(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(single_backend_policy(openai_upstream.url,
+                                                        server={"max_body_bytes": 100_000}))
+    body = orjson.dumps({"model": "chat", "messages": [{"role": "user",
+                                                        "content": " " * 1_000_000}]})
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", data=gzip.compress(body),
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+    ) as response:
+        error = (await response.json())["error"]
+    assert response.status == 413 and "100000 bytes" in error["message"]
+    assert openai_upstream.received == []
+
+
+async def test_a_body_that_does_not_inflate_is_400(gateway: RunningGateway) -> None:
+    body = orjson.dumps({"model": "chat", "messages": OK_MESSAGES})
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", data=body,
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+    ) as response:
+        error = (await response.json())["error"]
+    assert response.status == 400 and error["type"] == "invalid_request_error"
 
 
 async def test_unknown_path_and_wrong_method_are_openai_shaped(gateway: RunningGateway) -> None:
