@@ -10,7 +10,8 @@
     route           hooks.router                ← routing.decide (ordered candidates)
     forward         per candidate: hooks.queue.slot ← queueing; upstream call; relay
                     fallback to the next candidate on connect errors, timeouts, 429 and
-                    5xx, while no byte has reached the client (hooks.max_attempts)
+                    5xx, while no byte has reached the client (hooks.max_attempts), and
+                    past a backend whose API cannot express the request (a 400 if none can)
     settle          hooks.admission.settle      (always, once admitted; ctx.usage)
     finish          hooks.observers             ← telemetry (spans, metrics, access log)
 
@@ -159,6 +160,9 @@ class Pipeline:
         failures: list[UpstreamFailure] = []
         unavailable: list[str] = []
         saturated: list[BackendSaturated] = []  # refused by a full queue, at no cost
+        # refused by an adapter whose API cannot express the request (`n` > 1 for an
+        # Anthropic backend), before anything was sent: another candidate may serve it
+        inexpressible: list[BadRequest] = []
         tried = 0
         for target in ctx.candidates:
             if tried >= self.hooks.max_attempts:
@@ -204,6 +208,13 @@ class Pipeline:
                     log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                              failure.error.message)
                     result = None
+                except BadRequest as refused:  # not the backend's failure: no error stats
+                    traced.failed(refused.message)
+                    ctx.attempts.pop()
+                    tried -= 1
+                    inexpressible.append(refused)
+                    unavailable.append(f"{target.key}: {refused.message}")
+                    result = None
             except BaseException as exc:
                 await held.__aexit__(type(exc), exc, exc.__traceback__)
                 raise
@@ -215,6 +226,8 @@ class Pipeline:
             return result
         if saturated and not failures:  # shed: 503 with the soonest Retry-After
             raise BackendSaturated.for_all(ctx.model, saturated, unavailable)
+        if inexpressible and not failures:  # no candidate could take the request as sent
+            raise inexpressible[0]
         raise self.exhausted(ctx, failures, unavailable)
 
     def _attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:

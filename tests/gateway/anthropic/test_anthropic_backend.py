@@ -270,3 +270,29 @@ async def test_a_malformed_tool_field_is_a_400_not_a_500(
 
     assert status == 400 and error["type"] == "invalid_request_error"
     assert anthropic_upstream.received == []
+
+
+async def test_a_request_an_anthropic_backend_cannot_express_goes_to_the_next_candidate(
+        anthropic_upstream: FakeAnthropic, start_upstream: StartUpstream,
+        start_gateway: StartGateway) -> None:
+    gpt = await start_upstream()
+    gateway = await start_gateway(anthropic_policy(anthropic_upstream.url, gpt.url))
+    body = {"model": "chat", "messages": MESSAGES, "n": 2}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=body) as response:
+        status, route = response.status, response.headers["x-routegate-route"]
+
+    assert status == 200 and route == "gpt/gpt-4o-mini"
+    assert anthropic_upstream.received == [] and gpt.received[-1].json["n"] == 2
+
+
+async def test_a_request_no_candidate_can_express_is_a_400_naming_the_field(
+        anthropic_upstream: FakeAnthropic, start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(anthropic_policy(anthropic_upstream.url))
+    body = {"model": "chat", "messages": MESSAGES, "n": 2}
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", json=body) as response:
+        status, error = response.status, (await response.json())["error"]
+
+    assert status == 400 and error["param"] == "n"
+    assert anthropic_upstream.received == []
