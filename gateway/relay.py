@@ -41,6 +41,11 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
         response.release()
     ctx.timing.upstream_finished()
     status = response.status
+    if 300 <= status < 400:  # a misconfigured `url:` (http → https, a moved API)
+        raise UpstreamFailure(UpstreamError(
+            f"Backend '{name}' redirected the request (HTTP {status}) to "
+            f"{response.headers.get('Location', 'nowhere')}; its url needs updating."),
+            status=status)
     if 400 <= status < 500 and not _is_openai_error(data):
         raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
                                   f"(HTTP {status}): {data[:300].decode(errors='replace')}")

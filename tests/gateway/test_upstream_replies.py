@@ -146,3 +146,18 @@ async def test_a_json_body_that_stalls_past_the_timeout_is_504(
 
     assert status == 504
     assert orjson.loads(body)["error"]["code"] == "upstream_timeout"
+
+
+async def test_a_redirecting_backend_is_502_naming_where_it_points(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=301, text="Moved",
+                            headers={"Location": "https://api.example.com/v1/chat/completions"})
+
+    gateway = await start_gateway(single_backend_policy(await scripted_upstream(handler)))
+    status, body = await _post(gateway.url, CHAT)
+
+    assert status == 502
+    message = orjson.loads(body)["error"]["message"]
+    assert "'up'" in message and "https://api.example.com/v1/chat/completions" in message
