@@ -5,7 +5,8 @@ Admission reserves `estimated input tokens + expected output` (`max_completion_t
 with what the backend reported in `usage`; a stream cut short (client gone, backend
 dropped) that never reported usage is charged its estimated input plus the content
 chunks actually relayed (one token each, as OpenAI-compatible servers stream them);
-a request that never reached a backend is refunded.
+a JSON reply without `usage` is charged what was reserved for it; a request that
+never reached a backend is refunded.
 
 What the request leaves in `ctx.state` for the later steps:
   BUDGET_LEFT_STATE  micro-dollars the tenant may still spend (None: no budget) —
@@ -67,6 +68,10 @@ def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     if ctx.usage is not None:
         return _reported(ctx.usage)
     if not ctx.bytes_sent:
+        last = ctx.attempts[-1] if ctx.attempts else None
+        if last is not None and last.error is None and (last.status or 500) < 300:
+            # a JSON reply that did not report usage: what was reserved for it
+            return int(ctx.state.get(INPUT_TOKENS_STATE, 0)), expected_output_tokens(ctx)
         return 0, 0  # no backend answered (or it failed before streaming): nothing used
     relay = ctx.state.get(RELAY_STATE)
     produced = getattr(relay, "content_events", 0)

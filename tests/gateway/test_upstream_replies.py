@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import StartGateway, single_backend_policy
+from tests.gateway.limits.test_gateway_limits import limited_policy, usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "chat", "messages": MESSAGES}
@@ -161,3 +162,19 @@ async def test_a_redirecting_backend_is_502_naming_where_it_points(
     assert status == 502
     message = orjson.loads(body)["error"]["message"]
     assert "'up'" in message and "https://api.example.com/v1/chat/completions" in message
+
+
+async def test_a_reply_without_usage_is_charged_what_was_reserved_for_it(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "four words right here"},
+             "finish_reason": "stop"}]})  # no `usage`, as some servers answer
+
+    gateway = await start_gateway(limited_policy(await scripted_upstream(handler)))
+    status, _ = await _post(gateway.url, {**CHAT, "max_tokens": 50})
+    day = (await usage(gateway.url))["day"]
+
+    assert status == 200 and day["requests"] == 1
+    assert day["input_tokens"] > 0 and day["output_tokens"] == 50
