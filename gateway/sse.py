@@ -35,11 +35,12 @@ class SseRelay:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward now for one network read from the backend."""
-        if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
-            data = data.replace(b"\r\n", b"\n")
         if self._pending:
             data = self._pending + data
             self._pending = b""
+        if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
+            # (after joining: a read may end between the \r and the \n)
+            data = data.replace(b"\r\n", b"\n")
         if data.endswith(b"\n\n") and _USAGE not in data and _DONE not in data:
             self.content_events += _content_count(data)
             return data  # the common case: whole token events, nothing to look at

@@ -270,9 +270,9 @@ class ChunkTranslator:
         self._tool_index: dict[int, int] = {}  # content block index → tool_calls index
 
     def feed(self, data: bytes) -> bytes:
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
         data = self._pending + data
+        if b"\r" in data:  # after joining: a read may end between the \r and the \n
+            data = data.replace(b"\r\n", b"\n")
         out: list[bytes] = []
         start = 0
         while (end := data.find(b"\n\n", start)) >= 0:

@@ -72,3 +72,11 @@ def test_a_partial_event_dropped_after_a_break_is_never_forwarded() -> None:
     relay.feed(b'data: {"choices":[{"delta":{"content":"a')
     relay.drop_partial()
     assert relay.leftover() == b""
+
+
+def test_crlf_framing_split_anywhere_between_reads_is_understood() -> None:
+    stream = (CONTENT + USAGE + DONE).replace(b"\n", b"\r\n")
+    for cut in range(1, len(stream)):
+        relay = SseRelay(strip_usage_chunk=True)
+        out = relay.feed(stream[:cut]) + relay.feed(stream[cut:])
+        assert (out, relay.done, relay.usage is not None) == (CONTENT, True, True), cut

@@ -180,6 +180,14 @@ def test_crlf_framed_events_are_understood() -> None:
     assert out.count(b"data: ") == 2
 
 
+def test_crlf_framed_events_split_anywhere_between_reads_are_understood() -> None:
+    stream = _sse(START, TEXT, *END).replace(b"\n", b"\r\n")
+    for cut in range(1, len(stream)):
+        translator = ChunkTranslator(created=1, include_usage=False)
+        out = translator.feed(stream[:cut]) + translator.feed(stream[cut:])
+        assert out.count(b"data: ") == 4 and out.endswith(b"data: [DONE]\n\n"), cut
+
+
 def test_an_error_event_mid_stream_becomes_an_openai_error_chunk() -> None:
     translator = ChunkTranslator(created=1, include_usage=False)
     translator.feed(_sse(START))
