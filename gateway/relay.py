@@ -107,6 +107,9 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             else:
                 finished = True
             last_event = relay.leftover()  # before usage is read: it may carry it
+            if last_event is None:  # the connection ended the stream mid-event
+                failure = UpstreamError(f"Backend '{name}' ended the stream mid-event.")
+                ctx.error, last_event = failure, error_event(failure.body())
             ctx.telemetry.relayed(last_event)
             ctx.usage = relay.usage
             ctx.telemetry.final_chunk(relay.usage_chunk)

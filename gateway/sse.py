@@ -77,14 +77,23 @@ class SseRelay:
                     return False
         return True
 
-    def leftover(self) -> bytes:
+    def leftover(self) -> bytes | None:
         """An unterminated last event, completed and forwarded when the stream ends
         (its usage and `[DONE]` counted as any other's): sent as it is, its last line
-        would run into whatever the caller writes after it."""
+        would run into whatever the caller writes after it. None when it is a `data:`
+        event cut in the middle (its JSON unfinished): a stream that ended with the
+        connection broke off there, and the caller says so rather than forward it."""
         rest, self._pending = self._pending, b""
         if not rest.strip():
             return b""
-        return self.feed(rest.rstrip(b"\n") + b"\n\n")
+        event = rest.rstrip(b"\n") + b"\n\n"
+        payload = _data_field(event)
+        if payload is not None and payload != _DONE:
+            try:
+                orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return None
+        return self.feed(event)
 
     def drop_partial(self) -> None:
         """The stream broke mid-event: the incomplete event is never forwarded."""

@@ -178,3 +178,29 @@ async def test_a_reply_without_usage_is_charged_what_was_reserved_for_it(
 
     assert status == 200 and day["requests"] == 1
     assert day["input_tokens"] > 0 and day["output_tokens"] == 50
+
+
+async def test_a_stream_the_connection_ends_mid_event_ends_with_an_error_event(
+        start_gateway: StartGateway) -> None:
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the body is never needed here
+        # neither Content-Length nor chunking: the body ends when the connection does
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Connection: close\r\n\r\n"
+                     b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+                     b'data: {"choices":[{"index":0,"delta":{"con')
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(backend, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        gateway = await start_gateway(single_backend_policy(f"http://127.0.0.1:{port}/v1"))
+        status, stream = await _post(gateway.url, {**CHAT, "stream": True})
+    finally:
+        server.close()
+
+    assert status == 200
+    events = [orjson.loads(data) for data in _data_lines(stream)]
+    assert events[0]["choices"][0]["delta"]["content"] == "a"
+    assert events[1]["error"]["code"] == "upstream_error" and len(events) == 2
