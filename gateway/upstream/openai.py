@@ -42,6 +42,9 @@ class UpstreamFailure(Exception):
         self.headers = dict(headers or {})
 
 
+_GATEWAY_CREDENTIALS_REFUSED = (401, 403)
+
+
 class OpenAIUpstream:
     """One backend: its session, base URL and request defaults.
 
@@ -103,8 +106,9 @@ class OpenAIUpstream:
     async def open(self, path: str, body: bytes,
                    headers: Mapping[str, str] | None = None) -> Http1Response:
         """POST and wait for the response headers. A 2xx/4xx response is returned open
-        (the caller reads and releases it); connection failures, timeouts, 429 and 5xx
-        raise `UpstreamFailure` so the caller can try the next candidate."""
+        (the caller reads and releases it); connection failures, timeouts, 429, 5xx and
+        a refusal of the gateway's own credentials (401/403) raise `UpstreamFailure` so
+        the caller can try the next candidate."""
         self._users += 1
         try:
             response = await self._post(path, body, headers)
@@ -112,16 +116,21 @@ class OpenAIUpstream:
             self._finished()
             raise
         response.on_done = self._finished
-        if response.status == 429 or response.status >= 500:
+        status = response.status
+        if status == 429 or status >= 500 or status in _GATEWAY_CREDENTIALS_REFUSED:
             try:
                 error_body = await response.read()
             except (TimeoutError, aiohttp.ClientError):
                 error_body = b""
             finally:
                 response.release()
-            raise UpstreamFailure(
-                UpstreamError(f"Backend '{self.name}' returned HTTP {response.status}."),
-                status=response.status, body=error_body, headers=response.headers)
+            # A 401/403 is about the gateway's key for this backend, not the client's:
+            # relayed, it would tell the client its own key is wrong.
+            message = (f"Backend '{self.name}' did not accept the gateway's credentials "
+                       f"(HTTP {status})." if status in _GATEWAY_CREDENTIALS_REFUSED
+                       else f"Backend '{self.name}' returned HTTP {status}.")
+            raise UpstreamFailure(UpstreamError(message), status=status, body=error_body,
+                                  headers=response.headers)
         return response
 
     async def _post(self, path: str, body: bytes,

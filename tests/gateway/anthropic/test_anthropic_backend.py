@@ -147,18 +147,20 @@ async def test_a_rate_limited_backend_is_a_429_with_its_retry_after(
     assert caught.value.response.headers["Retry-After"] == "7"
 
 
-async def test_a_rejected_request_is_relayed_as_an_openai_error(
+async def test_a_backend_refusing_the_gateways_key_is_a_502_naming_it_not_the_clients_401(
         anthropic_upstream: FakeAnthropic, start_gateway: StartGateway) -> None:
     policy = anthropic_policy(anthropic_upstream.url)
     policy["backends"]["claude"]["api_key"] = "sk-ant-wrong"
     gateway = await start_gateway(policy)
 
-    with pytest.raises(openai.AuthenticationError) as caught:
+    with pytest.raises(openai.APIStatusError) as caught:
         await gateway.openai().chat.completions.create(
             model="chat", messages=MESSAGES)
 
-    assert caught.value.body == {"message": "invalid x-api-key", "type": "authentication_error",
-                                 "code": "invalid_api_key", "param": None}
+    assert caught.value.status_code == 502
+    message = caught.value.body["message"]
+    assert "'claude'" in message and "credentials (HTTP 401)" in message
+    assert "invalid x-api-key" in message  # what the backend said
 
 
 async def test_an_error_event_mid_stream_ends_the_stream_with_an_error(
