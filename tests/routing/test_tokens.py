@@ -3,6 +3,7 @@
 import tiktoken
 
 from routing.tokens import (
+    ITEMS_EXACT_MAX,
     REPLY_PRIMING_TOKENS,
     TOKENS_PER_MESSAGE,
     TURN_CACHE_CHARS,
@@ -137,3 +138,31 @@ def test_a_remembered_system_prompt_counts_exactly_what_encoding_it_does() -> No
         "developer")) + TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS
     assert counter.count_messages(messages) == expected
     assert counter.count_messages(messages) == expected
+
+
+def _varied_texts(count: int) -> list[str]:
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
+             "kappa", "lambda", "mu"]
+    return [" ".join(words[(n * 7 + k) % len(words)] for k in range(1 + n % 12))
+            for n in range(count)]
+
+
+def test_very_many_messages_are_counted_from_a_bounded_sample() -> None:
+    messages = [{"role": "user", "content": text} for text in _varied_texts(20 * ITEMS_EXACT_MAX)]
+    exact = sum(TokenCounter().count_messages(messages[i:i + ITEMS_EXACT_MAX])
+                - REPLY_PRIMING_TOKENS for i in range(0, len(messages), ITEMS_EXACT_MAX))
+    encoding = _CountingEncoding()
+    counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
+    estimate = counter.count_messages(messages) - REPLY_PRIMING_TOKENS
+    assert abs(estimate - exact) / exact < 0.02
+    assert encoding.calls <= 2 * ITEMS_EXACT_MAX  # not one call per message
+
+
+def test_a_very_large_embeddings_batch_is_counted_from_a_bounded_sample() -> None:
+    inputs = _varied_texts(50 * ITEMS_EXACT_MAX)
+    exact = sum(len(ENCODING.encode_ordinary(text)) for text in inputs)
+    encoding = _CountingEncoding()
+    counter = TokenCounter(loader=lambda name: encoding)  # type: ignore[arg-type,return-value]
+    estimate = counter.count_request({"model": "text-embedding-3-small", "input": inputs})
+    assert abs(estimate - exact) / exact < 0.02
+    assert encoding.calls <= ITEMS_EXACT_MAX
