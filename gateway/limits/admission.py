@@ -40,7 +40,11 @@ HEADERS_KEY = web.RequestKey("routegate.ratelimit_headers", dict[str, str])
 
 def expected_output_tokens(ctx: RequestContext, served: str | None = None) -> int:
     """`served`: the route that serves the request (a tenant's `routes` may differ
-    from the model it asked for)."""
+    from the model it asked for). `n` choices each produce their own output."""
+    return _output_per_choice(ctx, served) * _choices(ctx.body)
+
+
+def _output_per_choice(ctx: RequestContext, served: str | None) -> int:
     for name in ("max_completion_tokens", "max_tokens"):
         value = ctx.body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -49,6 +53,11 @@ def expected_output_tokens(ctx: RequestContext, served: str | None = None) -> in
     if route is not None:
         return route.expected_output_tokens
     return 0 if ctx.endpoint.name == "embeddings" else 256
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
 def _reported(usage: dict[str, Any]) -> tuple[int, int]:

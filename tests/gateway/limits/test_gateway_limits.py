@@ -225,3 +225,16 @@ async def test_the_reservation_expects_the_output_of_the_route_that_serves_the_t
         # reserved while it runs: the input plus chat-long's 5000 expected output tokens
         assert int(response.headers["x-ratelimit-remaining-tokens"]) <= 100_000 - 5000
         await response.read()
+
+
+async def test_the_reservation_expects_the_output_of_every_choice(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    upstream = await start_upstream()
+    gateway = await start_gateway(limited_policy(upstream.url, tpm=100_000))
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions",
+            json={"model": "chat", "messages": MESSAGES, "n": 3, "max_tokens": 1000}
+    ) as response:
+        assert response.status == 200
+        # the headers leave with the reservation: the input plus 3 × 1000 output tokens
+        assert int(response.headers["x-ratelimit-remaining-tokens"]) <= 100_000 - 3000
