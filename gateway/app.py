@@ -59,6 +59,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon)
+    pool.follow(policy)
+    live.on_swap(pool.follow)  # backends a reload removes close once idle
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs

@@ -66,6 +66,16 @@ class UpstreamPool:
         # Replaced by a reload or a child's restart: each closes its own session once
         # its last request is done; kept here only to be closed at shutdown.
         self._retired: list[Upstream] = []
+        self._current: frozenset[str] | None = None  # the live policy's enabled backends
+
+    def follow(self, policy: Policy) -> None:
+        """The live policy (at start and after each reload): adapters of backends it no
+        longer has, or has disabled, are retired and close once their last request is
+        done."""
+        self._current = frozenset(name for name, backend in policy.file.backends.items()
+                                  if backend.enabled)
+        for name in [name for name in self._adapters if name not in self._current]:
+            self._retire(self._adapters.pop(name))
 
     def get(self, name: str, backend: Backend) -> Upstream | None:
         """The adapter for `backend` as the current policy describes it, or None."""
@@ -82,7 +92,12 @@ class UpstreamPool:
             return None
         if adapter is not None:
             self._retire(adapter)
-        adapter = self._adapters[name] = kind(name, backend, url)
+        adapter = kind(name, backend, url)
+        if self._current is not None and name not in self._current:
+            # a request still running under an older policy: served, then closed
+            self._retire(adapter)
+        else:
+            self._adapters[name] = adapter
         return adapter
 
     @staticmethod

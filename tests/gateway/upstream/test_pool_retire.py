@@ -81,3 +81,41 @@ async def test_a_retired_session_with_no_request_in_flight_closes_at_once(
 
     await eventually(lambda: old.closed)
     assert not session_of(gateway).closed
+
+
+def policy_without_up(url: str) -> str:
+    policy = single_backend_policy(url, backend="other")
+    return yaml.safe_dump(policy)
+
+
+async def test_a_backend_removed_by_a_reload_closes_its_connections(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream()
+    gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
+    async with aiohttp.ClientSession() as client:
+        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
+            assert reply.status == 200
+        old = session_of(gateway)
+        assert not old.closed
+
+        gateway.app[LIVE_POLICY].swap(loads(policy_without_up(fake.url)))  # `up` is gone
+        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
+            assert reply.status == 200  # served by `other`
+
+    await eventually(lambda: old.closed)
+
+
+async def test_a_request_from_before_the_reload_closes_the_removed_backends_pool_after_it(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    fake = await start_upstream()
+    gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
+    pool, live = gateway.app[UPSTREAMS], gateway.app[LIVE_POLICY]
+    removed = live.current.file.backends["up"]
+    live.swap(loads(policy_without_up(fake.url)))
+    # a request that took the old policy before the reload reaches the pool only now
+    straggler: Any = pool.get("up", removed)
+    response = await straggler.open("/chat/completions", b'{"model":"m","messages":[]}')
+    await response.read()
+    response.release()
+    await eventually(lambda: straggler.idle_closed)
+    assert pool.get("up", removed) is not straggler  # never kept for later requests
