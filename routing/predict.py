@@ -3,7 +3,8 @@
     TTFT  ≈ network + queue wait + fixed overhead + input tokens / prefill rate
     total ≈ TTFT + output tokens / decode rate
 
-Queue wait models a backend that serves `max_concurrency` requests at once: a
+Queue wait models a backend that serves `max_concurrency` requests at once (a
+model with a `max_concurrency` of its own, the tighter of the two): a
 request waits when that many are already running (as counted by the gateway,
 or as reported by the backend's own `/metrics`), for the requests ahead of it
 to free a slot, each taking about one mean service time spread over the slots.
@@ -29,7 +30,8 @@ class TargetModel:
     key: str
     target: ModelTarget
     dedicated: bool
-    slots: int | None  # max_concurrency
+    slots: int | None  # the backend's max_concurrency: requests its GPU runs at once
+    queue_slots: int | None  # the tighter of that and the model's own: when this target queues
     prior_network_ms: float
     prior_overhead_ms: float
     prefill_ms_per_token: float
@@ -48,6 +50,7 @@ class TargetModel:
             key=target.key, target=target,
             dedicated=target.backend.deployment == "dedicated",
             slots=target.backend.max_concurrency,
+            queue_slots=_tighter(target.spec.max_concurrency, target.backend.max_concurrency),
             prior_network_ms=priors.network_ms,
             prior_overhead_ms=priors.ttft_ms or 0.0,
             prefill_ms_per_token=1000.0 / priors.prefill_tokens_per_s,
@@ -80,10 +83,10 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
     decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
     prefill = input_tokens * model.prefill_ms_per_token
     decode_ms = output_tokens * 1000.0 / decode
-    slots = model.slots
-    # Requests that must finish before this one starts.
-    if slots is not None:
-        ahead = stats.in_flight + stats.queue_depth - slots + 1
+    slots, queue_slots = model.slots, model.queue_slots
+    # Requests that must finish before this one starts (the counts are this target's).
+    if queue_slots is not None:
+        ahead = stats.in_flight + stats.queue_depth - queue_slots + 1
         if ahead < 0:
             ahead = 0
     else:
@@ -100,7 +103,7 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
     if ahead:
         service = stats.service_ms if stats.service_ms is not None else (
             overhead + prefill + decode_ms)
-        queue = ahead * service / (slots or 1)
+        queue = ahead * service / (queue_slots or 1)
     explained = network + queue + prefill
     ttft = explained + overhead
     if not model.dedicated:
@@ -116,3 +119,7 @@ def predict(model: TargetModel, input_tokens: int, output_tokens: int,
     ttft, total, queue, explained, _ = estimate(model, input_tokens, output_tokens, stats, now)
     decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
     return Prediction(ttft, total, queue, explained, decode, measured=stats.samples > 0)
+
+
+def _tighter(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)

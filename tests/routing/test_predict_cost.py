@@ -1,9 +1,10 @@
 """Latency prediction and amortised cost, on plain numbers."""
 
+from policies.load import loads
 from routing.cost import cost_micro_usd
 from routing.predict import TargetModel, estimate, predict
 from routing.stats import LiveStats
-from tests.routing.policies import policy
+from tests.routing.policies import BASE, policy
 
 POLICY = policy()
 LOCAL = TargetModel.of(POLICY.targets["local/llama"])  # 4 slots, 4000 tok/s prefill, 50 tok/s
@@ -35,6 +36,19 @@ def test_queue_wait_grows_once_slots_are_full() -> None:
         stats.request_started(LOCAL.key)
     assert waits[:4] == [0, 0, 0, 0]
     assert 0 < waits[4] < waits[5]
+
+
+def test_a_model_with_its_own_smaller_limit_queues_at_that_limit() -> None:
+    text = BASE.replace("context_tokens: 8192", "context_tokens: 8192\n        max_concurrency: 1")
+    limited = loads(text.replace("{pii_action}", "local_only").replace(
+        "{on_miss}", "fastest").replace("{objective}", "cheapest"))
+    model = TargetModel.of(limited.targets["local/llama"])
+    stats = LiveStats()
+    assert predict(model, 0, 100, stats.snapshot().target(model.key), 0.0).queue_ms == 0
+    stats.request_started(model.key)  # one running: the model's single slot is taken
+    assert predict(model, 0, 100, stats.snapshot().target(model.key), 0.0).queue_ms > 0
+    # the GPU still runs the backend's 4 at once: the amortised cost is unchanged
+    assert cost_micro_usd(model, 4000, 200, 50.0) == cost_micro_usd(LOCAL, 4000, 200, 50.0)
 
 
 def test_backend_reported_waiting_counts_while_fresh() -> None:
