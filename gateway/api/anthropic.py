@@ -25,7 +25,7 @@ from gateway.api.anthropic_translate import (
     message,
     openai_error_message,
 )
-from gateway.api.openai import PIPELINE
+from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
 from gateway.context import Endpoint
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
@@ -121,5 +121,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/messages", create_message)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_post("/v1/messages", create_message,
+                        expect_handler=continue_unless_too_large)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens,
+                        expect_handler=continue_unless_too_large)

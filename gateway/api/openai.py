@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
 from gateway.context import Endpoint
@@ -57,10 +58,27 @@ async def readyz(request: web.Request) -> web.Response:
                   "backends": backends}, status=200 if ready else 503)
 
 
+async def continue_unless_too_large(request: web.Request) -> None:
+    """`Expect: 100-continue` on a route that takes a body: aiohttp's own handler says
+    `100 Continue` to every request, so a client (curl, past 1 MB) uploaded a body that
+    was then refused. One announced over the limit gets no `100 Continue`; the handler
+    answers 413 (in its API's error shape) without reading it."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    length, policy = request.content_length, request.app[PIPELINE].live.current
+    if length is not None and length > policy.file.server.max_body_bytes:
+        return
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response proper has not started
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", proxy(CHAT))
-    app.router.add_post("/v1/completions", proxy(COMPLETIONS))
-    app.router.add_post("/v1/embeddings", proxy(EMBEDDINGS))
+    for path, endpoint in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETIONS),
+                           ("/v1/embeddings", EMBEDDINGS)):
+        app.router.add_post(path, proxy(endpoint), expect_handler=continue_unless_too_large)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
