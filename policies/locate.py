@@ -19,9 +19,11 @@ from policies.errors import PolicyIssue
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+)([^}\n]*))?\}")
 # While the YAML is parsed, each reference stands in as a placeholder of the same
-# length (`${A}` → `$~0~`): `{` and `}` would otherwise end a flow mapping early, and
-# equal lengths keep every line and column where the author wrote it.
-_PLACEHOLDER = re.compile(r"\$~([0-9a-z]+)~*")
+# length (`${A}` → `¤0¤¤`, ¤ a private-use character the file does not contain, so
+# no text the author wrote can be taken for one): `{` and `}` would otherwise end a
+# flow mapping early, and equal lengths keep every line and column where the author
+# wrote it (up to 1,296 references; past that a one-letter `${A}` grows by a column).
+_PRIVATE_USE = range(0xE000, 0xF900)
 _STR_TAG = "tag:yaml.org,2002:str"
 # LibYAML's parser when PyYAML was built with it (several times faster); same node marks.
 _COMPOSER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
@@ -86,11 +88,12 @@ class LocatedDocument:
                 ) -> tuple[LocatedDocument | None, list[PolicyIssue]]:
         """Parse and interpolate; the document is None when the YAML itself is broken."""
         references: list[str] = []
+        marker = next((chr(code) for code in _PRIVATE_USE if chr(code) not in text), "\uf8ff")
 
         def hide(match: re.Match[str]) -> str:
             references.append(match.group(0))
-            token = f"$~{_base36(len(references) - 1)}"
-            return token.ljust(len(match.group(0)), "~")
+            token = f"{marker}{_base36(len(references) - 1)}{marker}"
+            return token.ljust(len(match.group(0)), marker)
 
         try:
             root = yaml.compose(_ENV_REFERENCE.sub(hide, text), Loader=_COMPOSER)
@@ -105,7 +108,8 @@ class LocatedDocument:
             return None, [PolicyIssue("the policy file is empty", source, 1, 1)]
         document = cls(root, source)
         if references:
-            document._restore(root, references)
+            placeholder = re.compile(f"{marker}([0-9a-z]+){marker}+")
+            document._restore(root, references, placeholder, marker)
         issues = document._check_duplicate_keys(root)
         issues += document._interpolate(root, environ, ())
         return document, issues
@@ -163,16 +167,17 @@ class LocatedDocument:
 
     # -- passes over the node tree ------------------------------------------------
 
-    def _restore(self, node: yaml.Node, references: list[str]) -> None:
+    def _restore(self, node: yaml.Node, references: list[str], placeholder: re.Pattern[str],
+                 marker: str) -> None:
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
-                self._restore(key, references)
-                self._restore(value, references)
+                self._restore(key, references, placeholder, marker)
+                self._restore(value, references, placeholder, marker)
         elif isinstance(node, yaml.SequenceNode):
             for item in node.value:
-                self._restore(item, references)
-        elif isinstance(node, yaml.ScalarNode) and "$~" in node.value:
-            node.value = _PLACEHOLDER.sub(
+                self._restore(item, references, placeholder, marker)
+        elif isinstance(node, yaml.ScalarNode) and marker in node.value:
+            node.value = placeholder.sub(
                 lambda match: references[int(match.group(1), 36)], node.value)
 
     def _check_duplicate_keys(self, node: yaml.Node) -> list[PolicyIssue]:

@@ -165,3 +165,11 @@ def test_valid_policy_has_no_warnings() -> None:
 def test_default_limits_are_defined_once_in_the_schema() -> None:
     limits = loads(BASE, environ={}).file.defaults.limits
     assert (limits.requests_per_minute, limits.tokens_per_minute) == (60, 50_000)
+
+
+def test_literal_dollar_tilde_in_a_value_is_kept_beside_a_reference() -> None:
+    # `$~` in a secret must neither be taken for a reference nor crash the loader.
+    text = BASE.replace("api_key: ${OPENAI_API_KEY:-}", "api_key: 'pa$~0x$~zz${SUFFIX}'")
+    policy = loads(text, environ={"SUFFIX": "!", "OPENAI_API_KEY": "k"})
+    api_key = policy.targets["openai/gpt-4o-mini"].backend.api_key
+    assert api_key is not None and api_key.get_secret_value() == "pa$~0x$~zz!"
