@@ -50,6 +50,11 @@ def check(policy: PolicyFile, locate: Locate, source: str) -> Findings:
 
 def _check_backends(policy: PolicyFile, found: Findings) -> None:
     for name, backend in policy.backends.items():
+        if "/" in name:
+            # A target is `backend/model`, split at the first `/`: such a name cannot be
+            # told apart from a model name, and its queue would share a key with a target.
+            found.error(("backends", name), "a backend name cannot contain `/`",
+                        f"rename it, e.g. `{name.replace('/', '-')}`")
         if backend.launch is not None and backend.type != "openai":
             found.error(("backends", name, "launch"),
                         "`launch` starts a local_backend, which speaks the OpenAI API",
@@ -65,8 +70,10 @@ def _check_backends(policy: PolicyFile, found: Findings) -> None:
 
 
 def _check_routes(policy: PolicyFile, found: Findings) -> None:
-    all_targets = [f"{backend_name}/{model}" for backend_name, backend in policy.backends.items()
-                   for model in backend.models]
+    backend_of = {f"{backend_name}/{model}": backend
+                  for backend_name, backend in policy.backends.items()
+                  for model in backend.models}
+    all_targets = list(backend_of)
     for route_name, route in policy.routes.items():
         if route_name in all_targets:
             found.error(("routes", route_name),
@@ -80,8 +87,7 @@ def _check_routes(policy: PolicyFile, found: Findings) -> None:
             elif target in seen:
                 found.error(path, f"target `{target}` is listed twice")
             seen.add(target)
-        enabled = [t for t in route.targets if t in all_targets
-                   and policy.backends[t.split("/", 1)[0]].enabled]
+        enabled = [t for t in route.targets if t in backend_of and backend_of[t].enabled]
         if len(enabled) == 0 and all(t in all_targets for t in route.targets):
             found.warn(("routes", route_name, "targets"),
                        f"every target of route `{route_name}` is on a disabled backend; "

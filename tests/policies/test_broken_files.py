@@ -111,6 +111,12 @@ CASES = [
               - local/llama
               - gpt-4o-mini
         """), 22, 9, "routes.chat.targets[1]", "must be written as backend/model"),
+    Broken("backend name with a slash",
+           BACKENDS.replace("  openai:\n", "  open/ai:\n") + dedent("""\
+        routes:
+          chat: {targets: [open/ai/gpt-4o-mini]}
+        """), 11, 3, "backends.open/ai", "a backend name cannot contain `/`",
+           "rename it, e.g. `open-ai`"),
     Broken("route without targets", with_backends("""
         routes:
           chat: {targets: []}
