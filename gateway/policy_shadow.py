@@ -113,7 +113,8 @@ class ShadowPolicy:
             except FeatureError:
                 return None  # the live gateway answered 400; so would the shadow
             live = self._live(ctx.policy).decide(features, stats, now, "live")
-        shadow = self._router.decide(self.features_for(live.features, ctx), stats, now, "shadow")
+        shadow = self._router.decide(self.features_for(live.features, ctx, stats), stats, now,
+                                     "shadow")
         if outcome(live) == outcome(shadow):
             self.same += 1
             self.decisions.labels("same").inc()
@@ -126,13 +127,24 @@ class ShadowPolicy:
                 "shadow": _summary(shadow)})
         return live, shadow
 
-    def features_for(self, live: RequestFeatures, ctx: RequestContext) -> RequestFeatures:
-        """The live request's features as the shadow policy sees them: its tenant tags and
-        priority, its route's latency budget, its PII categories. Tokens are not counted
+    def features_for(self, live: RequestFeatures, ctx: RequestContext,
+                     stats: StatsSnapshot | None = None) -> RequestFeatures:
+        """The live request's features as the shadow policy sees them: the route its tenant
+        overrides send the asked-for model to, its tenant tags and priority, its route's
+        latency budget and expected output, its PII categories. Tokens are not counted
         twice."""
         tenant = self.policy.file.tenants.get(live.tenant)
+        # The asked-for model, not the live route: the candidate's own tenant `routes`
+        # overrides decide where it goes (an unknown name: the decision says so).
+        route_name = self.policy.resolve_model(ctx.model, live.tenant) or ctx.model or live.route
+        output_tokens = live.output_tokens
         try:
-            budget = route_for(self.policy, live.route).latency_budget
+            route = route_for(self.policy, route_name)
+            if route_name != live.route and live.output_tokens_source != "request":
+                mean = stats.output_tokens_mean.get(route_name) if stats else None
+                output_tokens = (max(1, round(mean)) if mean is not None
+                                 else route.expected_output_tokens)
+            budget = route.latency_budget
             ttft = tightened(budget.ttft_ms, ctx.request.headers.get(TTFT_BUDGET_HEADER),
                              TTFT_BUDGET_HEADER)
             total = tightened(budget.total_ms, ctx.request.headers.get(TOTAL_BUDGET_HEADER),
@@ -143,7 +155,8 @@ class ShadowPolicy:
         if self._scanner.categories != frozenset(ctx.policy.file.compliance.pii.detect):
             pii = self._scanner.categories_in(ctx.body)  # scanned again only when they differ
         return dataclasses.replace(
-            live, tenant_tags=frozenset(tenant.tags) if tenant else frozenset(),
+            live, route=route_name, output_tokens=output_tokens,
+            tenant_tags=frozenset(tenant.tags) if tenant else frozenset(),
             priority=tenant.priority if tenant else self.policy.file.defaults.priority,
             ttft_budget_ms=ttft, total_budget_ms=total, pii=pii)
 

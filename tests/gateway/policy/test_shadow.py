@@ -73,3 +73,25 @@ async def test_shadow_endpoint_without_a_shadow_policy_is_404(
             gateway.url + "/admin/policy/shadow", headers=ADMIN) as response:
         assert response.status == 404
         assert (await response.json())["error"]["code"] == "no_shadow_policy"
+
+
+async def test_shadow_follows_the_candidate_policys_tenant_route_override(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path) -> None:
+    one, two = await start_upstream(name="a"), await start_upstream(name="b")
+    live = two_backends(one.url, two.url, price_a=0.1, price_b=1.0)
+    candidate = two_backends(one.url, two.url, price_a=0.1, price_b=1.0)
+    # The candidate sends the anonymous tenant's `chat` to a route served by `b` only.
+    candidate["routes"]["chat-b"] = {"targets": ["b/m"], "expected_output_tokens": 64}
+    candidate["tenants"] = {"anonymous": {"routes": {"chat": "chat-b"}}}
+    shadow_path = write_yaml(tmp_path / "shadow.yaml", candidate)
+    gateway = await start_gateway(live, Settings(port=0, shadow_policy_path=shadow_path,
+                                                 supervise=False))
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(gateway.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200
+        async with session.get(gateway.url + "/admin/policy/shadow", headers=ADMIN) as response:
+            report = await response.json()
+    assert report["different"] == 1
+    sample = report["samples"][0]
+    assert (sample["live"]["outcome"], sample["shadow"]["outcome"]) == ("a/m", "b/m")
