@@ -83,8 +83,11 @@ class LiveStats:
         now = self.clock()
         self._trim(now)
         samples = [Sample._make(row) for row in zip(*self._columns, strict=True)]
+        # a request refused before routing (401, 404, a rate limit) has no backend: it
+        # counts in `requests` and `status`, not as a backend named ""
+        routed = [s for s in samples if s.backend]
         backends: dict[str, dict[str, Any]] = {}
-        for name in sorted({s.backend for s in samples}):
+        for name in sorted({s.backend for s in routed}):
             mine = [s for s in samples if s.backend == name]
             inference = [s.inference_ms for s in mine if s.inference_ms is not None]
             ttft = [s.ttft_ms for s in mine if s.ttft_ms is not None]
@@ -104,7 +107,6 @@ class LiveStats:
             age = int(now - s.at_s)
             if 0 <= age < rate_buckets:
                 rate[rate_buckets - 1 - age] += 1
-        routed = [s for s in samples if s.backend]
         return {
             "now": now,
             "window_s": self.window_s,

@@ -67,6 +67,23 @@ async def test_data_endpoint_summarises_per_backend(
     assert data["rejections"] == {"rate_limit": 1, "shed": 1}
 
 
+async def test_requests_refused_before_routing_are_not_a_backend_without_a_name(
+    start_upstream: StartUpstream, start_gateway: StartGateway,
+) -> None:
+    upstream = await start_upstream()
+    gateway = await start_gateway(single_backend_policy(upstream.url))
+    async with aiohttp.ClientSession() as session:
+        for model in ("no-such-model", "chat"):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(gateway.base_url + "/chat/completions", json=body) as r:
+                await r.read()
+        async with session.get(gateway.url + "/dashboard/data") as response:
+            data = await response.json()
+    assert data["requests"] == 2 and data["status"] == {"404": 1, "200": 1}
+    assert set(data["backends"]) == {"up"}  # the 404 was served by no backend
+    assert data["backends"]["up"]["requests"] == 1
+
+
 async def gateway_traffic(start_upstream: StartUpstream, start_gateway: StartGateway,
                           admin_key: str | None = None) -> str:
     """A gateway over two fake backends, after a few real requests; its base URL."""
