@@ -75,6 +75,13 @@ def substitute(value: str, environ: Mapping[str, str]) -> tuple[str, list[tuple[
     return _ENV_REFERENCE.sub(replace, value), missing
 
 
+def unresolvable(value: str) -> list[int]:
+    """Offsets of each `${` in `value` that begins none of the three reference forms
+    (`${VAR-x}`, `${ VAR }`, one nested in a default)."""
+    starts = {match.start() for match in _ENV_REFERENCE.finditer(value)}
+    return [match.start() for match in re.finditer(r"\$\{", value) if match.start() not in starts]
+
+
 class LocatedDocument:
     """A composed YAML document: its plain data and a map back to line and column."""
 
@@ -214,11 +221,20 @@ class LocatedDocument:
             start = node.start_mark
             single_line = start.line == node.end_mark.line
             opening = 1 if node.style in ("'", '"') else 0
+
+            def column(offset: int) -> int:
+                return start.column + 1 + opening + offset if single_line else start.column + 1
+
+            for offset in unresolvable(node.value):
+                # Kept as text it would reach the backend (as its API key, its URL).
+                issues.append(PolicyIssue(
+                    "`${` starts no reference: write ${VAR}, ${VAR:-default} or "
+                    "${VAR:+word} (a default cannot hold another reference)", self.source,
+                    start.line + 1, column(offset), render_path(path)))
             for offset, name in missing:
-                column = start.column + 1 + opening + offset if single_line else start.column + 1
                 issues.append(PolicyIssue(
                     f"environment variable {name} is not set", self.source,
-                    start.line + 1, column, render_path(path),
+                    start.line + 1, column(offset), render_path(path),
                     hint=f"set {name}, or write ${{{name}:-default}}",
                 ))
             if node.style is None and node.tag == _STR_TAG:

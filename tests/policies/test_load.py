@@ -173,3 +173,15 @@ def test_literal_dollar_tilde_in_a_value_is_kept_beside_a_reference() -> None:
     policy = loads(text, environ={"SUFFIX": "!", "OPENAI_API_KEY": "k"})
     api_key = policy.targets["openai/gpt-4o-mini"].backend.api_key
     assert api_key is not None and api_key.get_secret_value() == "pa$~0x$~zz!"
+
+
+@pytest.mark.parametrize("written", ["${OPENAI_API_KEY-}", "${OPENAI_API_KEY:=k}",
+                                     "${ OPENAI_API_KEY }", "${OPENAI_API_KEY:-${OTHER}}"])
+def test_reference_the_loader_cannot_resolve_is_an_error_not_literal_text(written: str) -> None:
+    # Kept as text, it would be sent to the backend as its API key.
+    text = BASE.replace("api_key: ${OPENAI_API_KEY:-}", f"api_key: {written}")
+    with pytest.raises(PolicyError) as raised:
+        loads(text, environ={"OPENAI_API_KEY": "k", "OTHER": "o"})
+    issue = raised.value.issues[0]
+    assert (issue.line, issue.field_path) == (15, "backends.openai.api_key")
+    assert "${VAR:-default}" in issue.message
