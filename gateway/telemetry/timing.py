@@ -126,6 +126,8 @@ class RequestTimings:
         self._final = None
         self._upstream_started_s = self._attempt_started_s = self.clock()
         self._first_byte_s = None
+        # what a failed attempt's backend reported is not the answering attempt's
+        self.inference = UNKNOWN
 
     def upstream_first_byte(self) -> None:
         self._final = None

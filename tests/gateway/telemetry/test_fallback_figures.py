@@ -1,0 +1,72 @@
+"""After a fallback, every figure is the answering attempt's: real gateway, real upstreams."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.telemetry.inference_time import parse_server_timing
+from tests.conftest import StartUpstream, single_backend_policy
+from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartTraced
+from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
+
+StartRaw = Callable[[web.Response], Awaitable[str]]
+
+
+@pytest.fixture
+async def start_raw() -> AsyncIterator[StartRaw]:
+    """`await start_raw(response)`: a backend answering every chat request with
+    `response`; its base URL."""
+    runners: list[web.AppRunner] = []
+
+    async def start(response: web.Response) -> str:
+        async def chat(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(status=response.status, body=response.body,
+                                headers=response.headers)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+async def test_inference_time_a_failed_attempt_reported_is_not_the_answering_attempts(
+    start_raw: StartRaw, start_upstream: StartUpstream, start_traced: StartTraced,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A TGI-style backend stamps its timing headers, then its proxy cuts the body: a
+    # failed attempt. The fallback reports no inference time of its own.
+    cut = await start_raw(web.Response(
+        status=200, body=b"<html>502 Bad Gateway</html>",
+        headers={"Content-Type": "application/json", "x-inference-time": "35",
+                 "x-queue-time": "4"}))
+    healthy = await start_upstream(name="healthy")
+    policy = single_backend_policy(healthy.url, backend="good")
+    policy["backends"]["cut"] = {"type": "openai", "url": cut, "models": {"gpt-4o-mini": {}}}
+    policy["routes"]["chat"]["targets"] = ["cut/gpt-4o-mini", "good/gpt-4o-mini"]
+    traced = await start_traced(policy)
+    caplog.set_level(logging.INFO, ACCESS_LOGGER)
+
+    status, headers, _ = await post(traced.gateway.url, CHAT)
+
+    assert status == 200
+    assert "inference" not in parse_server_timing(headers["Server-Timing"])
+    (line,) = access_lines(caplog)
+    assert line["backend"] == "good" and line["attempts"] == 2
+    assert not [name for name in line["timing"] if name.startswith("backend_")]
