@@ -54,7 +54,9 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
     if _int(body, "n", 1, 1) != 1:
         raise bad_request("only n=1 is supported", "n")
     stop = body.get("stop")
-    stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    # A list only: tuple() of a number raises (a 500), and of an object takes its keys.
+    listed: list[Any] = stop if isinstance(stop, list) else [] if stop is None else [None]
+    stops: tuple[Any, ...] = (stop,) if isinstance(stop, str) else tuple(listed)
     if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise bad_request("'stop' must be a string or up to 4 non-empty strings", "stop")
     messages = prompt_text = prompt_ids = None

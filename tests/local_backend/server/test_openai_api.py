@@ -151,6 +151,8 @@ async def test_unknown_model_is_an_openai_shaped_404(serve: ServeFactory) -> Non
     {"messages": CHAT, "temperature": 9},
     {"messages": CHAT, "n": 2},
     {"messages": CHAT, "max_tokens": 0},
+    {"messages": CHAT, "stop": 5},
+    {"messages": CHAT, "stop": {"a": 1}},
 ])
 async def test_bad_request_is_an_openai_shaped_400(serve: ServeFactory, body: dict) -> None:
     served = await serve()
