@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from multidict import CIMultiDict
 
 from policies.errors import PolicyError
+from policies.hints import did_you_mean
 from policies.load import Policy, load
 from routing.decide import RouteDecision, decide
 from routing.features import FeatureError, build_features
@@ -78,12 +79,14 @@ def explain_file(policy_path: str, request_path: str, *, tenant: str | None = No
     out = out or sys.stdout
     try:
         policy = load(policy_path, environ=environ)
+        problem = _option_problem(policy, policy_path, tenant, in_flight)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
         text = sys.stdin.read() if request_path == "-" else Path(request_path).read_text()
         body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError("the request must be a JSON object")
-        if tenant is not None and tenant not in policy.file.tenants:
-            raise ValueError(f"no tenant {tenant!r} in {policy_path}")
         decision = explain_request(policy, body, tenant=tenant, headers=headers,
                                    in_flight=in_flight)
     except PolicyError as exc:
@@ -97,6 +100,26 @@ def explain_file(policy_path: str, request_path: str, *, tenant: str | None = No
     else:
         out.write(render(decision, policy))
     return 0
+
+
+def _option_problem(policy: Policy, policy_path: str, tenant: str | None,
+                    in_flight: Sequence[str]) -> str | None:
+    """What is wrong with `--tenant` / `--in-flight` for this policy, or None. A target
+    that is not in the policy would otherwise be ignored, and the simulation would
+    silently show an idle backend."""
+    tenants = [*policy.file.tenants, policy.file.auth.anonymous.tenant]
+    if tenant is not None and tenant not in tenants:
+        hint = did_you_mean(tenant, tenants)
+        return f"--tenant: no tenant {tenant!r} in {policy_path}" + (f" ({hint})" if hint else "")
+    for item in in_flight:
+        key, _, count = item.rpartition("=")
+        if not count.isdigit():
+            return f"--in-flight {item}: write TARGET=N, N a number of requests"
+        if key not in policy.targets:
+            hint = did_you_mean(key, policy.targets)
+            return (f"--in-flight {item}: no enabled target `{key}` in {policy_path}"
+                    + (f" ({hint})" if hint else ""))
+    return None
 
 
 def render(decision: RouteDecision, policy: Policy) -> str:

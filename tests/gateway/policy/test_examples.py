@@ -112,3 +112,35 @@ def test_explain_of_an_unknown_tenant_fails(tmp_path: Path) -> None:
     request.write_text(json.dumps(PLAIN))
     assert explain_file(str(EXAMPLES / "eu-data-residency.yaml"), str(request),
                         tenant="nobody", environ={}, out=io.StringIO()) == 1
+
+
+def test_explain_refuses_simulated_load_on_a_target_the_policy_lacks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Ignored, a typo would make the simulation silently show an idle backend.
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(PLAIN))
+    assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
+                        in_flight=["local/llama-3.1-8=64"], environ={}, out=io.StringIO()) == 1
+    error = capsys.readouterr().err
+    assert "--in-flight" in error and "did you mean `local/llama-3.1-8b`?" in error
+    assert "request.json" not in error  # the request file is not what is wrong
+
+
+def test_explain_refuses_a_simulated_load_that_is_not_a_count(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(PLAIN))
+    assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
+                        in_flight=["local/llama-3.1-8b=lots"], environ={},
+                        out=io.StringIO()) == 1
+    error = capsys.readouterr().err
+    assert "--in-flight local/llama-3.1-8b=lots" in error and "request.json" not in error
+
+
+def test_explain_accepts_the_anonymous_tenant_by_name(tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(PLAIN))
+    out = io.StringIO()
+    assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
+                        tenant="anonymous", environ={}, out=out) == 0
+    assert "tenant 'anonymous'" in out.getvalue()
