@@ -224,8 +224,8 @@ class RequestTelemetry:
         backend, model = target.backend_name, target.model_name
         if self.attempt is not None:
             self.attempt.end()
-            if self.backend and self.backend != backend:
-                self.metrics.observe_fallback(self.route or "", self.backend, backend)
+            # another model of the same backend is a fallback too (from == to)
+            self.metrics.observe_fallback(self.route or "", self.attempt.backend, backend)
         self.attempts += 1
         self.backend, self.model = backend, model
         system = getattr(target.backend, "type", "openai")

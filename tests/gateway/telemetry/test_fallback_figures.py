@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry.inference_time import parse_server_timing
 from tests.conftest import StartUpstream, single_backend_policy
-from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartTraced
+from tests.fakes.openai_upstream import Behaviour
+from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartTraced, Traced
 from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
 
 StartRaw = Callable[[web.Response], Awaitable[str]]
@@ -70,3 +72,26 @@ async def test_inference_time_a_failed_attempt_reported_is_not_the_answering_att
     (line,) = access_lines(caplog)
     assert line["backend"] == "good" and line["attempts"] == 2
     assert not [name for name in line["timing"] if name.startswith("backend_")]
+
+
+async def test_a_fallback_to_another_model_of_the_same_backend_is_counted(
+    start_upstream: StartUpstream, start_traced: StartTraced,
+) -> None:
+    # e.g. one model of a provider rate-limited, the next model of the same provider free
+    upstream = await start_upstream(Behaviour(status=429, fail_times=1))
+    policy = single_backend_policy(upstream.url, models=("gpt-4o", "gpt-4o-mini"))
+    policy["routes"]["chat"]["targets"] = ["up/gpt-4o", "up/gpt-4o-mini"]
+    traced = await start_traced(policy)
+
+    status, _, _ = await post(traced.gateway.url, CHAT)
+
+    assert status == 200
+    assert [r.json["model"] for r in upstream.received] == ["gpt-4o", "gpt-4o-mini"]
+    assert fallbacks(traced) == {("up", "up"): 1.0}
+
+
+def fallbacks(traced: Traced) -> dict[tuple[str, str], float]:
+    text = traced.telemetry.metrics.render()[0].decode()
+    return {(s.labels["from_backend"], s.labels["to_backend"]): s.value
+            for f in text_string_to_metric_families(text) if f.name == "routegate_fallbacks"
+            for s in f.samples if s.name.endswith("_total")}
