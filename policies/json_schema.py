@@ -29,7 +29,8 @@ def _allow_env_references(node: Any) -> Any:
     node = {key: _allow_env_references(value) for key, value in node.items()}
     kind = node.get("type")
     if (isinstance(kind, str) and kind in _SCALAR_TYPES) or (
-            isinstance(node.get("enum"), list)) or "const" in node:
+            isinstance(node.get("enum"), list)) or "const" in node or (
+            kind == "string" and "pattern" in node):
         default = node.pop("default", None)
         title = node.pop("title", None)
         wrapped: dict[str, Any] = {"anyOf": [node, _ENV_REFERENCE]}

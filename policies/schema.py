@@ -49,8 +49,12 @@ def _check_key_hash(key: str) -> str:
 
 
 # Validated one by one, so an error names the list item (`routes.chat.targets[2]`).
-Target = Annotated[str, AfterValidator(_check_target)]
-KeyHash = Annotated[str, AfterValidator(_check_key_hash)]
+# The pattern is for the JSON Schema only (editors flag what the loader refuses); the
+# validator gives the error its wording.
+Target = Annotated[str, AfterValidator(_check_target),
+                   Field(json_schema_extra={"pattern": TARGET_PATTERN.pattern})]
+KeyHash = Annotated[str, AfterValidator(_check_key_hash),
+                    Field(json_schema_extra={"pattern": KEY_HASH_PATTERN.pattern})]
 
 
 class FileModel(BaseModel):

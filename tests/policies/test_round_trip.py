@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,3 +131,21 @@ def test_shipped_policies_point_editors_at_the_schema() -> None:
         first = path.read_text().splitlines()[0]
         expected = "./policy.schema.json" if path.parent == root else "../policy.schema.json"
         assert first == f"# yaml-language-server: $schema={expected}", path
+
+
+def _item_patterns(items: dict[str, object]) -> list[str]:
+    options = items.get("anyOf", [items])
+    assert isinstance(options, list)
+    return [option["pattern"] for option in options if "pattern" in option]
+
+
+def test_json_schema_refuses_what_the_loader_refuses_in_key_hashes_and_targets() -> None:
+    # An editor must flag a plain key pasted into api_keys, as `policy check` does.
+    defs = policy_json_schema()["$defs"]
+    for items, good, bad in (
+            (defs["Tenant"]["properties"]["api_keys"]["items"], hash_key("k"), "sk-live-123"),
+            (defs["Auth"]["properties"]["admin_keys"]["items"], hash_key("k"), "letmein"),
+            (defs["Route"]["properties"]["targets"]["items"], "local/llama", "gpt-4o-mini")):
+        patterns = _item_patterns(items)
+        assert any(re.search(pattern, good) for pattern in patterns)
+        assert not any(re.search(pattern, bad) for pattern in patterns)
