@@ -75,3 +75,31 @@ async def start_traced() -> AsyncIterator[StartTraced]:
         await runner.cleanup()
     for provider in providers:  # stops the exporter process (it flushes to the receiver)
         await asyncio.to_thread(provider.shutdown)
+
+
+StartRaw = Callable[[web.Response], Awaitable[str]]
+
+
+@pytest.fixture
+async def start_raw() -> AsyncIterator[StartRaw]:
+    """`await start_raw(response)`: a backend answering every chat request with
+    `response`; its base URL."""
+    runners: list[web.AppRunner] = []
+
+    async def start(response: web.Response) -> str:
+        async def chat(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(status=response.status, body=response.body,
+                                headers=response.headers)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()

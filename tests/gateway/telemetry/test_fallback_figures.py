@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 import pytest
@@ -13,35 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.telemetry.inference_time import parse_server_timing
 from tests.conftest import StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
-from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartTraced, Traced
+from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartRaw, StartTraced, Traced
 from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
-
-StartRaw = Callable[[web.Response], Awaitable[str]]
-
-
-@pytest.fixture
-async def start_raw() -> AsyncIterator[StartRaw]:
-    """`await start_raw(response)`: a backend answering every chat request with
-    `response`; its base URL."""
-    runners: list[web.AppRunner] = []
-
-    async def start(response: web.Response) -> str:
-        async def chat(request: web.Request) -> web.Response:
-            await request.read()
-            return web.Response(status=response.status, body=response.body,
-                                headers=response.headers)
-
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry.inference_time import parse_server_timing
 from policies.keys import hash_key as key_hash
 from tests.conftest import StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
-from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartTraced
+from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartRaw, StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver
 
 INBOUND_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -157,3 +159,26 @@ async def test_one_json_access_line_per_request_and_never_the_key_or_the_prompt(
     assert "ttft_ms" in lines[1]["timing"]
     assert API_KEY not in caplog.text
     assert PROMPT not in caplog.text and "marmalade" not in caplog.text
+
+
+async def test_ttft_is_measured_for_a_backend_that_writes_json_with_spaces(
+    start_raw: StartRaw, start_traced: StartTraced, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Python's json.dumps, as some OpenAI-compatible servers write their chunks
+    events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                            "finish_reason": None}]}]
+    events += [{"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+               for word in ("Hello", " there")]
+    events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    url = await start_raw(web.Response(body=body + b"data: [DONE]\n\n",
+                                       content_type="text/event-stream"))
+    traced = await start_traced(single_backend_policy(url))
+    caplog.set_level(logging.INFO, ACCESS_LOGGER)
+
+    status, _, raw = await post(traced.gateway.url, {**CHAT, "stream": True})
+
+    assert status == 200
+    assert "ttft" in sse_comment_timing(raw)
+    (line,) = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert "ttft_ms" in line["timing"]

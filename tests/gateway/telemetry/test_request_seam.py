@@ -37,6 +37,13 @@ def test_content_events_count_only_chunks_with_text() -> None:
     assert content_events(data) == 2
 
 
+def test_content_events_count_chunks_written_with_spaces_after_colons() -> None:
+    data = (b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n'
+            b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+            b'data: {"choices": [{"text": "lo", "index": 0}]}\n\n')
+    assert content_events(data) == 2
+
+
 def test_relayed_bytes_give_ttft_tokens_and_finish_reasons() -> None:
     telemetry, spans, clock = traced()
     tel = telemetry.begin(request_id="r", method="POST", path="/v1/chat/completions",
