@@ -15,6 +15,7 @@ from local_backend.tokenizer import Tokenizer
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy default for /v1/completions
+MAX_LOGPROBS = 20  # alternatives per token; more is a 400, as with OpenAI (not silently fewer)
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,17 @@ def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float
     return float(value)
 
 
-def _int(body: dict[str, Any], key: str, default: int | None, lo: int) -> int | None:
+def _int(
+    body: dict[str, Any], key: str, default: int | None, lo: int, hi: int | None = None
+) -> int | None:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise bad_request(f"'{key}' must be an integer ≥ {lo}", key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
+        hi is not None and value > hi
+    ):
+        bounds = f"between {lo} and {hi}" if hi is not None else f"≥ {lo}"
+        raise bad_request(f"'{key}' must be an integer {bounds}", key)
     return value
 
 
@@ -69,7 +75,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(
             body, "max_tokens", DEFAULT_CHAT_MAX_TOKENS, 1
         )
-        top_logprobs = _int(body, "top_logprobs", 0, 0)
+        top_logprobs = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
         logprobs = top_logprobs if body.get("logprobs") else None
     else:
         prompt = body.get("prompt")
@@ -84,7 +90,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         else:
             raise bad_request("'prompt' must be a non-empty string or token ids", "prompt")
         max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1)
-        logprobs = _int(body, "logprobs", None, 0)
+        logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
     options = body.get("stream_options") or {}
     params = SamplingParams(
         max_tokens=int(max_tokens or 1),
@@ -94,7 +100,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         seed=_int(body, "seed", None, -(2**63)),
         stop=stops,
         ignore_eos=bool(body.get("ignore_eos", False)),
-        logprobs=min(logprobs, 20) if logprobs is not None else None,
+        logprobs=logprobs,
     )
     return ParsedRequest(
         chat=chat, messages=messages, prompt_text=prompt_text, prompt_ids=prompt_ids,

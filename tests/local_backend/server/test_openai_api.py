@@ -153,6 +153,7 @@ async def test_unknown_model_is_an_openai_shaped_404(serve: ServeFactory) -> Non
     {"messages": CHAT, "max_tokens": 0},
     {"messages": CHAT, "stop": 5},
     {"messages": CHAT, "stop": {"a": 1}},
+    {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
 ])
 async def test_bad_request_is_an_openai_shaped_400(serve: ServeFactory, body: dict) -> None:
     served = await serve()
@@ -218,3 +219,14 @@ async def test_prompt_beyond_the_context_is_a_400_naming_the_limit(serve: ServeF
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert error["code"] == "context_length_exceeded" and "28 tokens" in error["message"]
+
+
+async def test_completion_asking_for_more_logprobs_than_offered_is_a_400(
+    serve: ServeFactory,
+) -> None:
+    served = await serve()
+    async with aiohttp.ClientSession() as http, http.post(
+        served.url + "/completions", json={"prompt": "hi", "max_tokens": 1, "logprobs": 21}
+    ) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["param"] == "logprobs"
