@@ -13,9 +13,9 @@ rather than blocks. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
 spans, here divided by the spans of a request) plus the socket's buffer and at
 most one partly written frame.
 
-The exporter process starts with the first hand-off, and again `restart_after_s`
-after it died (not during shutdown). `force_flush` hands off what is queued and waits
-for the process to say it has exported it; `shutdown` flushes, closes the socket
+The exporter process starts with the first hand-off (shutdown's too), and again
+`restart_after_s` after it died (not during shutdown). `force_flush` hands off what
+is queued and waits for the process to say it has exported it; `shutdown` flushes, closes the socket
 (end of file: the process exports what is left and exits) and waits for it.
 """
 
@@ -160,7 +160,10 @@ class SpanPipe(SpanProcessor):
         process = self.process
         if process is not None and process.poll() is not None:
             self._gone()
-        if (self.process is None and not self._closing
+        # During shutdown a dead exporter is not restarted; one never started yet (the
+        # gateway stopped before its first hand-off) starts, or its spans would be lost.
+        if (self.process is None
+                and (not self._closing or self._down_since == -float("inf"))
                 and time.monotonic() - self._down_since >= self._restart_after_s):
             self._start()
         return self.process is not None

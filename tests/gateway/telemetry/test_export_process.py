@@ -101,6 +101,17 @@ async def test_shutdown_exports_what_is_queued_and_the_process_exits(
     assert process is not None and process.returncode == 0
 
 
+async def test_shutdown_before_the_first_hand_off_still_starts_the_exporter_and_exports(
+    otlp_receiver: tuple[OtlpReceiver, str], receiver_url: str,
+) -> None:
+    receiver, _ = otlp_receiver
+    telemetry, pipe, provider = piped(receiver_url, handoff_s=3600.0)
+    await scripted_request(telemetry)  # a gateway stopped right after its first request
+    await asyncio.to_thread(provider.shutdown)
+    assert len(receiver.spans) == SPANS
+    assert pipe.dropped_spans == 0
+
+
 async def test_a_killed_exporter_process_is_logged_its_spans_counted_and_it_restarts(
     otlp_receiver: tuple[OtlpReceiver, str], receiver_url: str,
     caplog: pytest.LogCaptureFixture,
