@@ -147,18 +147,25 @@ class PolicyReloader:
     async def watch_file(self, *, debounce_ms: int = WATCH_DEBOUNCE_MS,
                          force_polling: bool | None = None) -> None:
         """Reload when the file changes. The directory is watched, not the file, because
-        editors and Kubernetes ConfigMaps replace the file by renaming a new one over it."""
-        target = self.path.resolve()
-        directory = target.parent
+        editors and Kubernetes ConfigMaps replace the file by renaming a new one over it.
+        It is the directory the path names, not the one its symlinks lead to: a ConfigMap
+        update swaps the `..data` symlink there and deletes the directory the file
+        resolved to, so a watch on that one would see no later update. A symlink to a
+        file elsewhere gets that file's directory watched too."""
+        path = self.path.absolute()
+        directories = [path.parent]
+        resolved_parent = path.resolve().parent
+        if not resolved_parent.is_relative_to(path.parent.resolve()):
+            directories.append(resolved_parent)
 
         def concerns_the_file(_change: watchfiles.Change, changed: str) -> bool:
             changed_path = Path(changed)
             # A ConfigMap swaps the `..data` symlink; the file's resolved target moves.
-            return changed_path == target or changed_path.name.startswith("..") or (
-                changed_path.resolve() == self.path.resolve())
+            return changed_path == path or changed_path.name.startswith("..") or (
+                changed_path.resolve() == path.resolve())
 
         async for _changes in watchfiles.awatch(
-                directory, watch_filter=concerns_the_file, debounce=debounce_ms,
+                *directories, watch_filter=concerns_the_file, debounce=debounce_ms,
                 step=50, force_polling=force_polling, recursive=False):
             self.request_reload("file")
 

@@ -256,3 +256,50 @@ async def test_gateway_without_a_policy_file_has_nothing_to_reload(
         assert status == 404 and body["error"]["code"] == "no_policy_file"
         status, body = await admin(session, gateway, "GET", "/admin/policy")
         assert status == 200 and body["path"] is None
+
+
+async def test_watcher_follows_every_configmap_update(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path) -> None:
+    # Kubernetes mounts a ConfigMap as policy.yaml → ..data/policy.yaml, ..data → a
+    # timestamped directory; an update writes a new directory, swaps ..data by rename and
+    # deletes the old directory, so a watch on the old one sees no later update.
+    upstreams = [await start_upstream(name=f"v{number}") for number in range(3)]
+
+    def publish(number: int) -> None:
+        version_dir = tmp_path / f"..2026_{number}"
+        version_dir.mkdir()
+        write(version_dir / "policy.yaml", version_text(upstreams[number].url, f"v{number}"))
+        (tmp_path / "..data_tmp").symlink_to(version_dir.name)
+        (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+        if number:
+            old = tmp_path / f"..2026_{number - 1}"
+            (old / "policy.yaml").unlink()
+            old.rmdir()
+
+    publish(0)
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.symlink_to("..data/policy.yaml")
+    gateway = await start(start_gateway, policy_path, watch=True)
+    live = gateway.app[RELOADER].live
+    await asyncio.sleep(0.2)  # the watcher is running before the first update
+    for number in (1, 2):
+        publish(number)
+        await eventually(lambda: f"bv{number}/m" in live.current.targets)  # noqa: B023
+        assert live.current.targets.keys() == {f"bv{number}/m"}
+
+
+async def test_watcher_sees_edits_to_the_file_a_symlink_points_at(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path) -> None:
+    one, two = await start_upstream(name="one"), await start_upstream(name="two")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "etc").mkdir()
+    real = tmp_path / "real" / "policy.yaml"
+    write(real, version_text(one.url, "v1"))
+    policy_path = tmp_path / "etc" / "policy.yaml"
+    policy_path.symlink_to(real)
+    gateway = await start(start_gateway, policy_path, watch=True)
+    live = gateway.app[RELOADER].live
+    await asyncio.sleep(0.2)  # the watcher is running before the file changes
+    write(real, version_text(two.url, "v2"))
+    await eventually(lambda: "bv2/m" in live.current.targets)
+    assert live.current.targets.keys() == {"bv2/m"}
