@@ -93,7 +93,9 @@ class UpstreamAttempt:
         if isinstance(error, BaseException):
             mark_error(self.span, error)
         elif self.span.is_recording():
-            self.span.set_attribute(a.ERROR_TYPE, error[:200])
+            # The statement only: what follows ": " quotes the backend's reply (a cut
+            # body may hold completion text) or an exception, which a trace must not carry.
+            self.span.set_attribute(a.ERROR_TYPE, error.partition(": ")[0][:200])
         self.end()
 
     def end(self) -> None:

@@ -13,6 +13,7 @@ from gateway.telemetry.inference_time import parse_server_timing
 from tests.conftest import StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
 from tests.gateway.telemetry.conftest import ACCESS_LOGGER, StartRaw, StartTraced, Traced
+from tests.gateway.telemetry.otlp_receiver import OtlpReceiver
 from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
 
 
@@ -67,3 +68,29 @@ def fallbacks(traced: Traced) -> dict[tuple[str, str], float]:
     return {(s.labels["from_backend"], s.labels["to_backend"]): s.value
             for f in text_string_to_metric_families(text) if f.name == "routegate_fallbacks"
             for s in f.samples if s.name.endswith("_total")}
+
+
+async def test_a_failed_attempts_span_never_carries_the_completion_text_it_cut_short(
+    start_raw: StartRaw, start_upstream: StartUpstream, start_traced: StartTraced,
+    otlp_receiver: tuple[OtlpReceiver, str],
+) -> None:
+    receiver, otlp_url = otlp_receiver
+    secret = "the vault opens with 7731"
+    cut = await start_raw(web.Response(
+        status=200, content_type="application/json",
+        body=b'{"choices":[{"message":{"role":"assistant","content":"' + secret.encode()))
+    healthy = await start_upstream(name="healthy")
+    policy = single_backend_policy(healthy.url, backend="good")
+    policy["backends"]["cut"] = {"type": "openai", "url": cut, "models": {"gpt-4o-mini": {}}}
+    policy["routes"]["chat"]["targets"] = ["cut/gpt-4o-mini", "good/gpt-4o-mini"]
+    traced = await start_traced(policy, otlp_url)
+
+    status, _, _ = await post(traced.gateway.url, CHAT)
+    await traced.flush()
+    spans = await receiver.wait_for(lambda s: any(x.kind == "SERVER" for x in s))
+
+    assert status == 200
+    (failed, _) = sorted((s for s in spans if s.kind == "CLIENT"),
+                         key=lambda s: s.attributes["routegate.attempt"])
+    assert failed.attributes["error.type"]  # the failure is still named
+    assert "7731" not in repr([(s.attributes, s.events) for s in spans])
