@@ -128,6 +128,9 @@ def _check_compliance(policy: PolicyFile, found: Findings) -> None:
     tenant_tags = {tag for tenant in policy.tenants.values() for tag in tenant.tags}
     rule_tags = {tag for rule in policy.compliance.rules for tag in rule.when.tenant_tags}
     regions = sorted({b.region for b in policy.backends.values() if b.region is not None})
+    # Key-less requests are served as the anonymous tenant, declared or not.
+    anonymous = policy.auth.anonymous
+    known_tenants = {*policy.tenants, *([anonymous.tenant] if anonymous.enabled else [])}
     names: set[str] = set()
     for index, rule in enumerate(policy.compliance.rules):
         base = ("compliance", "rules", index)
@@ -135,9 +138,9 @@ def _check_compliance(policy: PolicyFile, found: Findings) -> None:
             found.error((*base, "name"), f"rule name `{rule.name}` is used twice")
         names.add(rule.name)
         for position, named in enumerate(rule.when.tenants):
-            if named not in policy.tenants:
+            if named not in known_tenants:
                 found.error((*base, "when", "tenants", position), f"no tenant `{named}`",
-                            did_you_mean(named, policy.tenants))
+                            did_you_mean(named, known_tenants))
         for position, route in enumerate(rule.when.routes):
             if route not in policy.routes:
                 found.error((*base, "when", "routes", position), f"no route `{route}`",

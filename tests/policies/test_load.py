@@ -185,3 +185,19 @@ def test_reference_the_loader_cannot_resolve_is_an_error_not_literal_text(writte
     issue = raised.value.issues[0]
     assert (issue.line, issue.field_path) == (15, "backends.openai.api_key")
     assert "${VAR:-default}" in issue.message
+
+
+def test_rule_may_name_the_anonymous_tenant() -> None:
+    # Key-less requests are served as `auth.anonymous.tenant`; a rule can keep them local.
+    text = BASE + """\
+auth:
+  anonymous: {enabled: true, tenant: guest}
+compliance:
+  rules:
+    - name: guests-stay-local
+      when: {tenants: [guest]}
+      require: {deployment: dedicated}
+"""
+    policy = loads(text, environ={})
+    assert policy.file.compliance.rules[0].when.tenants == ["guest"]
+
