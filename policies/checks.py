@@ -150,6 +150,13 @@ def _check_compliance(policy: PolicyFile, found: Findings) -> None:
                 found.warn((*base, "when", "tenant_tags", position),
                            f"no tenant has the tag `{tag}`, so this never matches",
                            did_you_mean(tag, tenant_tags))
+        listed = [policy.tenants.get(named) for named in rule.when.tenants]
+        if rule.when.tenant_tags and listed and not any(
+                tenant is not None and set(tenant.tags) & set(rule.when.tenant_tags)
+                for tenant in listed):
+            found.warn((*base, "when"), "no tenant in `when.tenants` has any of "
+                       "`when.tenant_tags`, and both must hold, so this never matches",
+                       "drop one of the two, or give the tenants the tag")
         for position, pattern in enumerate(rule.require.regions):
             if not any(fnmatch.fnmatchcase(region, pattern) for region in regions):
                 found.warn((*base, "require", "regions", position),

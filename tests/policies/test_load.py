@@ -201,3 +201,19 @@ compliance:
     policy = loads(text, environ={})
     assert policy.file.compliance.rules[0].when.tenants == ["guest"]
 
+
+def test_rule_whose_tenants_have_none_of_its_tags_is_a_warning() -> None:
+    # `when` conditions must all hold, so this rule can never match.
+    text = BASE + """\
+tenants:
+  acme: {tags: [eu]}
+  globex: {tags: [us]}
+compliance:
+  rules:
+    - {name: eu, when: {tenant_tags: [eu]}, require: {regions: [eu-*]}}
+    - {name: us, when: {tenant_tags: [us]}, require: {regions: [us]}}
+    - {name: acme-us, when: {tenants: [acme], tenant_tags: [us]}, require: {regions: [us]}}
+"""
+    (warning,) = loads(text, environ={}).warnings
+    assert warning.field_path == "compliance.rules[2].when"
+    assert "never matches" in warning.message
