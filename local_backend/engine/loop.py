@@ -255,7 +255,8 @@ class Engine:
             self.blocks.commit(seq)
         chosen = [batch.seqs[i] for i in sampled]
         tokens, logprobs = self.sampler.sample(
-            logits, [s.request_id for s in chosen], [s.params for s in chosen]
+            logits, [s.request_id for s in chosen], [s.params for s in chosen],
+            [s.output_ids for s in chosen],
         )
         t = self.clock()
         outputs = [

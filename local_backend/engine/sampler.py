@@ -25,13 +25,19 @@ class Sampler:
         self._generators.pop(request_id, None)
 
     def sample(
-        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
+        output_ids: list[list[int]] | None = None,
     ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """logits [rows, vocab] fp32 → one token id per row (and its logprobs when asked)."""
-        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        """logits [rows, vocab] fp32 → one token id per row (and its logprobs when asked).
+
+        `output_ids` (each row's tokens generated so far) feed the penalties. Logprobs
+        stay those of the model's own distribution, as vLLM reports them by default.
+        """
+        adjusted = _adjust(logits, params, output_ids)
+        tokens: list[int] = adjusted.argmax(dim=-1).tolist()
         for row, p in enumerate(params):
             if not p.greedy:
-                tokens[row] = self._draw(logits[row], request_ids[row], p)
+                tokens[row] = self._draw(adjusted[row], request_ids[row], p)
         logprobs: list[TokenLogprob | None] = [None] * len(tokens)
         rows = [row for row, p in enumerate(params) if p.logprobs is not None]
         if rows:
@@ -70,3 +76,27 @@ class Sampler:
                 generator = torch.Generator(device=row.device).manual_seed(p.seed)
                 self._generators[request_id] = generator
         return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _adjust(
+    logits: torch.Tensor, params: list[SamplingParams], output_ids: list[list[int]] | None
+) -> torch.Tensor:
+    """OpenAI's penalties and logit_bias: logit − frequency·count − presence·[count > 0] + bias."""
+    rows = [row for row, p in enumerate(params) if p.adjusts_logits]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for row in rows:
+        p = params[row]
+        generated = output_ids[row] if output_ids is not None else []
+        if generated and (p.presence_penalty or p.frequency_penalty):
+            ids = torch.tensor(generated, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
+            logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.logit_bias:
+            index = torch.tensor([t for t, _ in p.logit_bias], device=logits.device)
+            bias = torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype,
+                                device=logits.device)
+            logits[row].index_add_(0, index, bias)
+    return logits

@@ -146,6 +146,9 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if model is not None and model != b.model_name:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves "
                        f"{b.model_name!r}", code="model_not_found", param="model")
+    vocab = engine.runner.model.config.vocab_size
+    if any(not 0 <= t < vocab for t, _ in req.params.logit_bias):
+        raise bad_request(f"'logit_bias' token ids must be in [0, {vocab})", "logit_bias")
     prompt_ids = await _prompt_ids(b, req)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     try:

@@ -53,6 +53,24 @@ def _int(
     return value
 
 
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """{"token id": bias in [-100, 100]} → pairs; ids are checked against the vocab later."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    message = "'logit_bias' must map token ids to numbers between -100 and 100"
+    if not isinstance(value, dict):
+        raise bad_request(message, "logit_bias")
+    pairs: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(bias, bool) or not (
+            isinstance(bias, int | float) and -100 <= bias <= 100
+        ):
+            raise bad_request(message, "logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
+
+
 def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) -> ParsedRequest:
     d = defaults or GenerationConfig()
     if not isinstance(body, dict):
@@ -101,6 +119,9 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         stop=stops,
         ignore_eos=bool(body.get("ignore_eos", False)),
         logprobs=logprobs,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(body),
     )
     return ParsedRequest(
         chat=chat, messages=messages, prompt_text=prompt_text, prompt_ids=prompt_ids,

@@ -11,6 +11,8 @@ import torch
 from local_backend.engine.loop import RequestRejected
 from local_backend.engine.sampler import Sampler
 from local_backend.engine.sequence import SamplingParams
+from local_backend.model.config import LlamaConfig
+from tests.local_backend import reference
 from tests.local_backend.conftest import EngineFactory
 from tests.local_backend.engine.test_greedy_matches_reference import prompt, run
 
@@ -114,3 +116,21 @@ async def test_stopping_the_engine_ends_every_request_in_flight(
         final = await asyncio.wait_for(outputs.get(), 5)
     assert final.finish_reason == "shutdown"
     assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+async def test_frequency_and_presence_penalties_match_the_reference(
+    make_engine: EngineFactory, tiny_state: dict[str, torch.Tensor], tiny_config: LlamaConfig
+) -> None:
+    ids = prompt(11, 8)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                            frequency_penalty=0.7, presence_penalty=0.4)
+    tokens, _ = await run(make_engine(), "pen", ids, params)
+    expected: list[int] = []
+    for _ in range(12):  # OpenAI's formula, over the tokens generated so far
+        row = reference.logits(tiny_state, tiny_config, ids + expected)[-1]
+        counts = torch.bincount(torch.tensor(expected, dtype=torch.long),
+                                minlength=row.shape[0]).to(row.dtype)
+        row = row - 0.7 * counts - 0.4 * (counts > 0).to(row.dtype)
+        expected.append(int(row.argmax()))
+    assert tokens == expected
+    assert tokens != reference.greedy(tiny_state, tiny_config, ids, 12)

@@ -7,6 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
+from local_backend.server.errors import ApiError
+from local_backend.server.protocol import parse
 from tests.local_backend import reference
 from tests.local_backend.server.conftest import ServeFactory
 
@@ -230,3 +232,25 @@ async def test_completion_asking_for_more_logprobs_than_offered_is_a_400(
     ) as resp:
         assert resp.status == 400
         assert (await resp.json())["error"]["param"] == "logprobs"
+
+
+async def test_logit_bias_reaches_the_sampler_and_its_ids_are_checked(serve: ServeFactory) -> None:
+    served = await serve()
+    body = {"prompt": "hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(served.url + "/completions",
+                             json={**body, "logit_bias": {"65": 100}}) as resp:
+            assert (await resp.json())["choices"][0]["text"] == "AAA"  # byte 65 forced
+        async with http.post(served.url + "/completions",
+                             json={**body, "logit_bias": {"260": 1}}) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["param"] == "logit_bias"
+
+
+def test_penalties_are_parsed_into_the_sampling_parameters() -> None:
+    params = parse({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1,
+                    "logit_bias": {"7": -100}}, chat=False).params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.0)
+    assert params.logit_bias == ((7, -100.0),)
+    with pytest.raises(ApiError):
+        parse({"prompt": "x", "frequency_penalty": 2.5}, chat=False)
