@@ -8,15 +8,20 @@ probably not what was meant (a tenant tag no rule can match).
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from policies.errors import PolicyIssue
 from policies.hints import did_you_mean
 from policies.locate import Place
 from policies.schema import PolicyFile
 
-# Maps a field path to its place in the file (or to no place, for models built in code).
-Locate = Callable[[Sequence[str | int]], Place]
+
+class Locate(Protocol):
+    """Maps a field path to its place in the file (or to no place, for models built in
+    code); `at_key`: point at the mapping key that ends the path, not at its value."""
+
+    def __call__(self, path: Sequence[str | int], *, at_key: bool = False) -> Place: ...
 
 
 class Findings:
@@ -26,13 +31,15 @@ class Findings:
         self.errors: list[PolicyIssue] = []
         self.warnings: list[PolicyIssue] = []
 
-    def _issue(self, path: Sequence[str | int], message: str, hint: str | None) -> PolicyIssue:
-        where = self._locate(path)
+    def _issue(self, path: Sequence[str | int], message: str, hint: str | None,
+               at_key: bool = False) -> PolicyIssue:
+        where = self._locate(path, at_key=at_key)
         return PolicyIssue(message, self._source, where.line, where.column, where.field_path,
                            hint)
 
-    def error(self, path: Sequence[str | int], message: str, hint: str | None = None) -> None:
-        self.errors.append(self._issue(path, message, hint))
+    def error(self, path: Sequence[str | int], message: str, hint: str | None = None, *,
+              at_key: bool = False) -> None:
+        self.errors.append(self._issue(path, message, hint, at_key))
 
     def warn(self, path: Sequence[str | int], message: str, hint: str | None = None) -> None:
         self.warnings.append(self._issue(path, message, hint))
@@ -98,11 +105,12 @@ def _check_tenant_routes(policy: PolicyFile, found: Findings) -> None:
     routes = list(policy.routes)
     for tenant_name, tenant in policy.tenants.items():
         for asked, served in tenant.routes.items():
-            for name, path in ((asked, ("tenants", tenant_name, "routes", asked)),
-                               (served, ("tenants", tenant_name, "routes", asked))):
+            path = ("tenants", tenant_name, "routes", asked)
+            # The asked-for route is the key of the override, the served one its value.
+            for name, at_key in ((asked, True), (served, False)):
                 if name not in policy.routes:
                     found.error(path, f"route `{name}` does not exist",
-                                did_you_mean(name, routes))
+                                did_you_mean(name, routes), at_key=at_key)
 
 
 def _check_keys(policy: PolicyFile, found: Findings) -> None:

@@ -119,10 +119,10 @@ def build(policy_file: PolicyFile, *, source: str = "<policy>", digest: str = ""
           document: LocatedDocument | None = None) -> Policy:
     """Cross-field checks and lookups: file models → runtime `Policy`."""
 
-    def locate(path: Sequence[str | int]) -> Place:
+    def locate(path: Sequence[str | int], *, at_key: bool = False) -> Place:
         if document is None:
             return Place(None, None, render_path(path))
-        return document.place(path)
+        return document.place(path, at_key=at_key)
 
     found = check(policy_file, locate, source)
     if found.errors:

@@ -146,6 +146,14 @@ CASES = [
         routes:
           local/llama: {targets: [openai/gpt-4o-mini]}
         """), 19, 3, "routes.local/llama", "hides it"),
+    Broken("tenant route override from an unknown route", with_backends("""
+        routes:
+          chat: {targets: [local/llama]}
+        tenants:
+          acme:
+            routes: {chta: chat}
+        """), 22, 14, "tenants.acme.routes.chta", "route `chta` does not exist",
+           "did you mean `chat`?"),
     Broken("pii category misspelt", with_backends("""
         compliance:
           pii: {detect: [email, phnoe]}
