@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from gateway.policy_explain import add_explain_parser
+from gateway.policy_explain import add_explain_parser, env_assignment
 from policies.errors import PolicyError, PolicyIssue
 from policies.json_schema import render as render_schema
 from policies.load import Policy, load
@@ -25,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("--json", action="store_true", help="machine-readable result for CI")
     check.add_argument("--strict", action="store_true", help="warnings fail the check too")
     check.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                       type=env_assignment,
                        help="set a variable for ${NAME} references (repeatable)")
     check.set_defaults(func=lambda args: check_files(
         args.files, as_json=args.json, strict=args.strict, environ=environ_with(args.env)))

@@ -41,10 +41,19 @@ def add_explain_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                          help="pretend N requests are running on backend/model")
     explain.add_argument("--json", action="store_true", help="the decision as JSON")
     explain.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                         type=env_assignment,
                          help="set a variable for ${NAME} references (repeatable)")
     explain.set_defaults(func=lambda args: explain_file(
         args.file, args.request, tenant=args.tenant, headers=args.header,
         in_flight=args.in_flight, as_json=args.json, environ=environ_with(args.env)))
+
+
+def env_assignment(text: str) -> str:
+    """An `--env` value: `NAME=VALUE` (VALUE may be empty, `NAME=` is deliberate)."""
+    name, equals, _ = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME=VALUE")
+    return text
 
 
 def simulated_stats(in_flight: Sequence[str]) -> StatsSnapshot:

@@ -142,3 +142,14 @@ def test_hash_reads_the_key_from_stdin_when_not_given() -> None:
     out = io.StringIO()
     assert key_commands.keys_hash(None, stdin=io.StringIO("abc\n"), out=out) == 0
     assert out.getvalue().strip() == hash_key("abc")
+
+
+@pytest.mark.parametrize("command", ["check", "explain"])
+def test_env_option_without_a_value_is_a_usage_error(
+        command: str, good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--env NAME` would otherwise set NAME to "" and pass as if the value were given.
+    extra = [str(good)] if command == "explain" else []
+    with pytest.raises(SystemExit) as exited:
+        run(["policy", command, "--env", "RG_TEST_GPU_PRICE", str(good), *extra], capsys)
+    assert exited.value.code == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
