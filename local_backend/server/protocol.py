@@ -108,6 +108,12 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         else:
             raise bad_request("'prompt' must be a non-empty string or token ids", "prompt")
         max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1)
+        # Refused rather than ignored: a caller scoring text with echo + logprobs, or
+        # expecting the best of several samples, would get a different answer unawares.
+        if body.get("echo"):
+            raise bad_request("'echo' is not supported by this server", "echo")
+        if _int(body, "best_of", 1, 1) != 1:
+            raise bad_request("only best_of=1 is supported", "best_of")
         logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
     options = body.get("stream_options") or {}
     params = SamplingParams(

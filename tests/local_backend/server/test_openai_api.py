@@ -254,3 +254,10 @@ def test_penalties_are_parsed_into_the_sampling_parameters() -> None:
     assert params.logit_bias == ((7, -100.0),)
     with pytest.raises(ApiError):
         parse({"prompt": "x", "frequency_penalty": 2.5}, chat=False)
+
+
+@pytest.mark.parametrize("extra", [{"echo": True}, {"best_of": 3}])
+def test_completion_options_this_server_cannot_honour_are_a_400(extra: dict) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse({"prompt": "x", **extra}, chat=False)
+    assert caught.value.status == 400 and caught.value.param == next(iter(extra))
