@@ -99,7 +99,8 @@ class Backend(FileModel):
     url: str | None = Field(None, description=(
         "http(s)://host[:port][/path] of the backend's API. Credentials in it "
         "(user:password@) are refused: the URL is shown in logs and the admin API, so a "
-        "secret goes in `api_key`, which is masked and sent as the backend's auth header."))
+        "secret goes in `api_key`, which is masked and sent as the backend's auth header."),
+        json_schema_extra={"pattern": r"^(https?://|.*\$\{)"})  # editors only
     api_key: SecretStr | None = None
     ca_file: str | None = Field(None, description=(
         "PEM file of the CA certificates trusted for an https `url`, in place of the "
@@ -241,7 +242,8 @@ class ServerSettings(FileModel):
 
 
 class LimitStore(FileModel):
-    store: str = "memory"  # memory | redis://host:port/db
+    store: str = Field("memory", json_schema_extra={  # editors only: `_store_known` checks
+        "pattern": r"^(memory$|rediss?://|unix://)"})  # memory | redis://host:port/db
     on_store_error: Literal["fail_open", "fail_closed"] = "fail_open"
     replicas: PositiveInt = 1  # fail-open share: each replica allows limit / replicas
 

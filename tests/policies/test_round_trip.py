@@ -149,3 +149,25 @@ def test_json_schema_refuses_what_the_loader_refuses_in_key_hashes_and_targets()
         patterns = _item_patterns(items)
         assert any(re.search(pattern, good) for pattern in patterns)
         assert not any(re.search(pattern, bad) for pattern in patterns)
+
+
+def _string_allowed(node: dict[str, object], value: str) -> bool:
+    """Whether `value` passes a (string or optional string) node of the JSON Schema."""
+    top = node.get("pattern")
+    if isinstance(top, str) and not re.search(top, value):
+        return False
+    options = node.get("anyOf", [node])
+    assert isinstance(options, list)
+    return any(option.get("type") == "string" and re.search(option.get("pattern", ""), value)
+               for option in options)
+
+
+def test_json_schema_refuses_what_the_loader_refuses_in_backend_urls_and_limit_stores() -> None:
+    defs = policy_json_schema()["$defs"]
+    url, store = defs["Backend"]["properties"]["url"], defs["LimitStore"]["properties"]["store"]
+    assert all(_string_allowed(url, value) for value in (
+        "https://api.openai.com/v1", "${LOCAL_URL:-http://127.0.0.1:8001/v1}"))
+    assert not _string_allowed(url, "tcp://127.0.0.1:8001")
+    assert all(_string_allowed(store, value) for value in (
+        "memory", "redis://127.0.0.1:6379/0", "unix:///run/redis.sock", "${REDIS_URL}"))
+    assert not any(_string_allowed(store, value) for value in ("mysql://db", "memoryx"))
