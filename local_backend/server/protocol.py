@@ -119,7 +119,8 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
     params = SamplingParams(
         max_tokens=int(max_tokens or 1),
         temperature=_number(body, "temperature", d.temperature, 0.0, 2.0),
-        top_p=_number(body, "top_p", d.top_p, 1e-6, 1.0),
+        # OpenAI accepts 0 (the sampler then keeps only the most likely token).
+        top_p=_number(body, "top_p", d.top_p, 0.0, 1.0),
         top_k=int(_int(body, "top_k", d.top_k, 0) or 0),
         seed=_int(body, "seed", None, -(2**63)),
         stop=stops,

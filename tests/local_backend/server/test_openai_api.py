@@ -261,3 +261,18 @@ def test_completion_options_this_server_cannot_honour_are_a_400(extra: dict) -> 
     with pytest.raises(ApiError) as caught:
         parse({"prompt": "x", **extra}, chat=False)
     assert caught.value.status == 400 and caught.value.param == next(iter(extra))
+
+
+async def test_top_p_zero_is_accepted_and_keeps_only_the_most_likely_token(
+    serve: ServeFactory,
+) -> None:
+    served = await serve()
+    body = {"prompt": "hi", "max_tokens": 6, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(served.url + "/completions",
+                             json={**body, "temperature": 0}) as resp:
+            greedy = (await resp.json())["choices"][0]["text"]
+        async with http.post(served.url + "/completions",
+                             json={**body, "temperature": 1.0, "top_p": 0}) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["choices"][0]["text"] == greedy
