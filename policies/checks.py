@@ -117,7 +117,10 @@ def _check_keys(policy: PolicyFile, found: Findings) -> None:
     owner: dict[str, str] = {}
     for tenant_name, tenant in policy.tenants.items():
         for index, key_hash in enumerate(tenant.api_keys):
-            if key_hash in owner:
+            if owner.get(key_hash) == tenant_name:
+                found.error(("tenants", tenant_name, "api_keys", index),
+                            "key hash is listed twice")
+            elif key_hash in owner:
                 found.error(("tenants", tenant_name, "api_keys", index),
                             f"key hash already belongs to tenant `{owner[key_hash]}`")
             owner.setdefault(key_hash, tenant_name)

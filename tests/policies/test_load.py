@@ -217,3 +217,13 @@ compliance:
     (warning,) = loads(text, environ={}).warnings
     assert warning.field_path == "compliance.rules[2].when"
     assert "never matches" in warning.message
+
+
+def test_key_hash_listed_twice_by_one_tenant_is_reported_as_such() -> None:
+    key_hash = hash_key("k")
+    text = BASE + f"tenants:\n  acme: {{api_keys: [{key_hash}, {key_hash}]}}\n"
+    with pytest.raises(PolicyError) as raised:
+        loads(text, environ={})
+    (issue,) = raised.value.issues
+    assert (issue.field_path, issue.message) == ("tenants.acme.api_keys[1]",
+                                                 "key hash is listed twice")
