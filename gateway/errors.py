@@ -40,16 +40,25 @@ class GatewayError(Exception):
     retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, *, param: str | None = None,
-                 headers: Mapping[str, str] | None = None, code: str | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, code: str | None = None,
+                 detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.headers: dict[str, str] = dict(headers or {})
+        # For the client only, never logged: e.g. what a backend answered, which may
+        # quote the request or a completion (logs and spans carry neither).
+        self.detail = detail
         if code is not None:
             self.code = code  # type: ignore[misc]  # an instance may refine the class default
 
+    @property
+    def client_message(self) -> str:
+        """What the client reads: the message, and the detail when there is one."""
+        return self.message if self.detail is None else f"{self.message} {self.detail}"
+
     def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type,
+        return {"error": {"message": self.client_message, "type": self.type,
                           "code": self.code, "param": self.param}}
 
     def to_response(self) -> web.Response:
@@ -145,8 +154,8 @@ class UpstreamClientError(GatewayError):
     type = "invalid_request_error"
     code = "upstream_rejected"
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, status: int, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
         self.status = status  # type: ignore[misc]
 
 

@@ -48,13 +48,16 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
             status=status)
     if 400 <= status < 500 and not _is_openai_error(data):
         raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
-                                  f"(HTTP {status}): {data[:300].decode(errors='replace')}")
+                                  f"(HTTP {status}).",
+                                  detail=f"It said: {data[:300].decode(errors='replace')}")
     if status < 300 and len(data) <= MAX_PARSED_REPLY_BYTES:
         reply = _parsed(data)  # parsed once: usage here, model/id/finish reasons for spans
         if reply is None:  # an HTML page from a proxy, a cut body: nothing sent yet
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{name}' answered HTTP {status} with something other than a "
-                f"JSON object: {data[:200].decode(errors='replace')!r}."), status=status)
+                f"JSON object ({len(data)} bytes of "
+                f"{response.headers.get('Content-Type', 'no stated type')})."),
+                status=status)
         usage = reply.get("usage")
         ctx.usage = usage if isinstance(usage, dict) else None
         ctx.telemetry.response_json(reply)

@@ -70,7 +70,8 @@ def anthropic_errors(handler: Handler) -> Handler:
             request_id = headers.get("X-Request-Id")
             if request_id:
                 headers["request-id"] = request_id
-            return _json(error_body(exc.status, exc.message, request_id), exc.status, headers)
+            return _json(error_body(exc.status, exc.client_message, request_id), exc.status,
+                         headers)
 
     wrapped.__name__ = handler.__name__
     return wrapped

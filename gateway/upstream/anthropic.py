@@ -88,7 +88,7 @@ class AnthropicResponse:
             return orjson.dumps(openai_error(self.status, body))
         if not isinstance(body, dict) or body.get("type") != "message":
             raise aiohttp.ClientPayloadError(
-                f"Anthropic backend sent something other than a message: {data[:200]!r}")
+                f"Anthropic backend sent something other than a message ({len(data)} bytes)")
         return orjson.dumps(chat_completion(body, self._created))
 
     def release(self) -> None:

@@ -297,7 +297,8 @@ class ChunkTranslator:
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            raise StreamError(f"undecodable event from the backend: {payload[:200]!r}") from exc
+            raise StreamError(f"an undecodable event from the backend ({len(payload)} bytes)"
+                              ) from exc
         if not isinstance(event, dict):
             raise StreamError("an event that is not a JSON object")
         kind = event.get("type")

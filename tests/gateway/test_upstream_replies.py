@@ -6,6 +6,7 @@ Each backend here is a few lines of aiohttp handler writing exactly the bytes un
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -204,3 +205,27 @@ async def test_a_stream_the_connection_ends_mid_event_ends_with_an_error_event(
     events = [orjson.loads(data) for data in _data_lines(stream)]
     assert events[0]["choices"][0]["delta"]["content"] == "a"
     assert events[1]["error"]["code"] == "upstream_error" and len(events) == 2
+
+
+async def test_what_a_backend_answered_reaches_the_client_but_never_the_logs(
+        scripted_upstream: StartScripted, start_gateway: StartGateway,
+        caplog: pytest.LogCaptureFixture) -> None:
+    secret = "the prompt text: my card is 4111"
+
+    async def rejects(request: web.Request) -> web.Response:  # echoes the input back
+        await request.read()
+        return web.Response(status=422, text=f"invalid input {secret!r}")
+
+    async def cut(request: web.Request) -> web.Response:  # a completion cut short
+        await request.read()
+        return web.Response(body=f'{{"choices": [{{"text": "{secret}'.encode(),
+                            content_type="application/json")
+
+    for handler, expected in ((rejects, 422), (cut, 502)):
+        gateway = await start_gateway(single_backend_policy(await scripted_upstream(handler)))
+        with caplog.at_level(logging.DEBUG):
+            status, body = await _post(gateway.url, CHAT)
+        assert status == expected
+        assert (secret in orjson.loads(body)["error"]["message"]) == (expected == 422)
+    assert caplog.records and not any(secret in record.getMessage()
+                                      for record in caplog.records)
