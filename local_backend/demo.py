@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from local_backend.model.config import LlamaConfig
 from local_backend.model.llama import checkpoint_layout
+from local_backend.tokenizer import byte_level_alphabet
 
 # Bump when the layout below changes so a stale cache is not reused.
 DEMO_VERSION = 2
@@ -46,21 +47,9 @@ DEMO_CONFIG: dict[str, Any] = {
 }
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-in for each byte, so token id == byte value."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def byte_tokenizer() -> Tokenizer:
-    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    # GPT-2's printable stand-in for each byte, so token id == byte value.
+    vocab = {ch: i for i, ch in enumerate(byte_level_alphabet())}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

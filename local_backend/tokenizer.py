@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 from local_backend.model.config import ModelLoadError
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-in character for each byte value (ByteLevel vocabularies)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+_BYTE_OF = {ch: b for b, ch in enumerate(byte_level_alphabet())}
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
 
 
 def _token_text(value: Any) -> str | None:
@@ -56,6 +75,21 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.backend.decode(ids, skip_special_tokens=True))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, even when they are only part of a character."""
+        text = self.decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode()
+        # Decoding alone turns a partial character into U+FFFD: read the vocabulary entry.
+        piece = self.backend.id_to_token(token_id) or ""
+        if isinstance(self.backend.decoder, decoders.ByteLevel) and all(
+            c in _BYTE_OF for c in piece
+        ):
+            return bytes(_BYTE_OF[c] for c in piece)
+        if match := _BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        return text.encode()
 
     def token_id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)

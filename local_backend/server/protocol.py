@@ -153,7 +153,7 @@ def logprobs_body(tokenizer: Tokenizer, items: list[TokenLogprob], *, chat: bool
     if chat:
         def entry(token_id: int, lp: float) -> dict[str, Any]:
             text = tokenizer.decode([token_id])
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+            return {"token": text, "logprob": lp, "bytes": list(tokenizer.token_bytes(token_id))}
 
         return {"content": [
             {**entry(i.token_id, i.logprob), "top_logprobs": [entry(t, lp) for t, lp in i.top]}

@@ -8,6 +8,8 @@ import pytest
 
 from local_backend.chat_template import ChatTemplate, ChatTemplateError
 from local_backend.demo import write_tokenizer
+from local_backend.engine.sampler import TokenLogprob
+from local_backend.server.protocol import logprobs_body
 from local_backend.tokenizer import Detokenizer, Tokenizer
 
 TEXT = "héllo wörld ✓ 你好 🙂!"
@@ -65,3 +67,14 @@ def test_missing_tokenizer_json_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(ModelLoadError, match=r"tokenizer\.json"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_chat_logprob_bytes_are_the_tokens_own_bytes(tokenizer: Tokenizer) -> None:
+    # Each byte of a multi-byte character is its own token here: its logprob entry must
+    # carry that byte, so a client joining the entries' bytes gets the text back.
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    items = [TokenLogprob(i, -1.0, [(i, -1.0)]) for i in ids]
+    body = logprobs_body(tokenizer, items, chat=True)
+    joined = bytes(b for entry in body["content"] for b in entry["bytes"])
+    assert joined.decode() == TEXT
+    assert body["content"][1]["top_logprobs"][0]["bytes"] == list("é".encode()[:1])
