@@ -59,6 +59,9 @@ class Tokenizer:
         if isinstance(template, list):  # named templates: take the default one
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default") or next(iter(named.values()), None)
+        jinja = Path(directory) / "chat_template.jinja"
+        if template is None and jinja.is_file():  # where recent transformers save it
+            template = jinja.read_text(encoding="utf-8")
         return cls(
             backend=backend,
             bos_token=_token_text(config.get("bos_token")),

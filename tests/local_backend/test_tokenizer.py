@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,18 @@ def test_chat_logprob_bytes_are_the_tokens_own_bytes(tokenizer: Tokenizer) -> No
     joined = bytes(b for entry in body["content"] for b in entry["bytes"])
     assert joined.decode() == TEXT
     assert body["content"][1]["top_logprobs"][0]["bytes"] == list("é".encode()[:1])
+
+
+def test_chat_template_saved_beside_the_tokenizer_is_used(tmp_path: Path) -> None:
+    # Recent transformers write the template to chat_template.jinja, not tokenizer_config.json.
+    write_tokenizer(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    del config["chat_template"]
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    )
+    tokenizer = Tokenizer.from_dir(tmp_path)
+    template = ChatTemplate(tokenizer.chat_template, bos_token=None, eos_token=None)
+    assert template.render([{"role": "user", "content": "hi"}]) == "[hi]"
