@@ -32,7 +32,10 @@ def _flatten(content: Any) -> Any:
 
 class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str | None, eos_token: str | None):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # The environment transformers renders templates in, {% break %}/{% continue %} included.
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:

@@ -94,3 +94,12 @@ def test_chat_template_saved_beside_the_tokenizer_is_used(tmp_path: Path) -> Non
     tokenizer = Tokenizer.from_dir(tmp_path)
     template = ChatTemplate(tokenizer.chat_template, bos_token=None, eos_token=None)
     assert template.render([{"role": "user", "content": "hi"}]) == "[hi]"
+
+
+def test_templates_may_use_loop_controls_as_transformers_allows() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'stop' %}{% break %}{% endif %}"
+        "{{ m['content'] }}{% endfor %}", bos_token=None, eos_token=None,
+    )
+    messages = [{"role": "user", "content": "a"}, {"role": "stop", "content": "b"}]
+    assert template.render(messages, add_generation_prompt=False) == "a"
