@@ -94,6 +94,8 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
             body, "max_tokens", DEFAULT_CHAT_MAX_TOKENS, 1
         )
         top_logprobs = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
+        if top_logprobs and not body.get("logprobs"):
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = top_logprobs if body.get("logprobs") else None
     else:
         prompt = body.get("prompt")

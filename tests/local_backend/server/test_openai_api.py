@@ -156,6 +156,7 @@ async def test_unknown_model_is_an_openai_shaped_404(serve: ServeFactory) -> Non
     {"messages": CHAT, "stop": 5},
     {"messages": CHAT, "stop": {"a": 1}},
     {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+    {"messages": CHAT, "top_logprobs": 2},  # without logprobs: true it would do nothing
 ])
 async def test_bad_request_is_an_openai_shaped_400(serve: ServeFactory, body: dict) -> None:
     served = await serve()
