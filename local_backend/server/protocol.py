@@ -94,9 +94,10 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
             body, "max_tokens", DEFAULT_CHAT_MAX_TOKENS, 1
         )
         top_logprobs = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
-        if top_logprobs and not body.get("logprobs"):
+        wants_logprobs = _flag(body, "logprobs")
+        if top_logprobs and not wants_logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        logprobs = top_logprobs if body.get("logprobs") else None
+        logprobs = top_logprobs if wants_logprobs else None
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -112,7 +113,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1)
         # Refused rather than ignored: a caller scoring text with echo + logprobs, or
         # expecting the best of several samples, would get a different answer unawares.
-        if body.get("echo"):
+        if _flag(body, "echo"):
             raise bad_request("'echo' is not supported by this server", "echo")
         if _int(body, "best_of", 1, 1) != 1:
             raise bad_request("only best_of=1 is supported", "best_of")
@@ -126,7 +127,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         top_k=int(_int(body, "top_k", d.top_k, 0) or 0),
         seed=_int(body, "seed", None, -(2**63)),
         stop=stops,
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        ignore_eos=_flag(body, "ignore_eos"),
         logprobs=logprobs,
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
@@ -134,10 +135,20 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
     )
     return ParsedRequest(
         chat=chat, messages=messages, prompt_text=prompt_text, prompt_ids=prompt_ids,
-        params=params, stream=bool(body.get("stream", False)),
+        params=params, stream=_flag(body, "stream"),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         echo_logprobs=logprobs is not None,
     )
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """A boolean field: `"stream": "false"` is refused, not read as true."""
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false", name)
+    return value
 
 
 def usage(final: RequestOutput) -> dict[str, Any]:

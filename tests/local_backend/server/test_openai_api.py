@@ -157,6 +157,8 @@ async def test_unknown_model_is_an_openai_shaped_404(serve: ServeFactory) -> Non
     {"messages": CHAT, "stop": {"a": 1}},
     {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
     {"messages": CHAT, "top_logprobs": 2},  # without logprobs: true it would do nothing
+    {"messages": CHAT, "stream": "false"},  # a string, which bool() would read as true
+    {"messages": CHAT, "logprobs": 1},
 ])
 async def test_bad_request_is_an_openai_shaped_400(serve: ServeFactory, body: dict) -> None:
     served = await serve()
