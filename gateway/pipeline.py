@@ -202,7 +202,7 @@ class Pipeline:
                         result = await relay_body(ctx, response)
                 except UpstreamFailure as failure:
                     attempt.error, attempt.status = failure.error.message, failure.status
-                    traced.failed(failure.error.message)
+                    traced.failed(failure.error.message, failure.status)
                     failures.append(failure)
                     self._attempt_finished(ctx, attempt)
                     log.info("request %s: %s failed (%s)", ctx.request_id, target.key,

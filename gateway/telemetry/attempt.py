@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway.telemetry import spans as a
 from gateway.telemetry.inference_time import from_body, from_headers
@@ -89,13 +89,17 @@ class UpstreamAttempt:
         if isinstance(body.get("id"), str):
             self._req.response_id = body["id"]
 
-    def failed(self, error: BaseException | str) -> None:
+    def failed(self, error: BaseException | str, status: int | None = None) -> None:
+        """The attempt failed; `status`: the backend's HTTP status, when it answered."""
         if isinstance(error, BaseException):
             mark_error(self.span, error)
         elif self.span.is_recording():
             # The statement only: what follows ": " quotes the backend's reply (a cut
             # body may hold completion text) or an exception, which a trace must not carry.
             self.span.set_attribute(a.ERROR_TYPE, error.partition(": ")[0][:200])
+            self.span.set_status(Status(StatusCode.ERROR))
+        if status is not None and self.span.is_recording():
+            self.span.set_attribute(a.HTTP_RESPONSE_STATUS_CODE, status)
         self.end()
 
     def end(self) -> None:

@@ -94,3 +94,29 @@ async def test_a_failed_attempts_span_never_carries_the_completion_text_it_cut_s
                          key=lambda s: s.attributes["routegate.attempt"])
     assert failed.attributes["error.type"]  # the failure is still named
     assert "7731" not in repr([(s.attributes, s.events) for s in spans])
+
+
+async def test_a_failed_attempts_span_carries_the_status_the_backend_answered(
+    start_upstream: StartUpstream, start_traced: StartTraced,
+    otlp_receiver: tuple[OtlpReceiver, str],
+) -> None:
+    receiver, otlp_url = otlp_receiver
+    failing = await start_upstream(Behaviour(status=503), name="failing")
+    healthy = await start_upstream(name="healthy")
+    policy = single_backend_policy(healthy.url, backend="good")
+    policy["backends"]["bad"] = {"type": "openai", "url": failing.url,
+                                 "models": {"gpt-4o-mini": {}}}
+    policy["routes"]["chat"]["targets"] = ["bad/gpt-4o-mini", "good/gpt-4o-mini"]
+    traced = await start_traced(policy, otlp_url)
+
+    status, _, _ = await post(traced.gateway.url, CHAT)
+    await traced.flush()
+    spans = await receiver.wait_for(lambda s: any(x.kind == "SERVER" for x in s))
+
+    assert status == 200
+    (failed, answered) = sorted((s for s in spans if s.kind == "CLIENT"),
+                                key=lambda s: s.attributes["routegate.attempt"])
+    assert failed.attributes["http.response.status_code"] == 503
+    assert failed.status_code == 2  # ERROR
+    assert answered.attributes["http.response.status_code"] == 200
+    assert answered.status_code != 2
