@@ -27,7 +27,17 @@ from typing import Any
 
 from gateway.telemetry.otlp_encode import OtlpEncoder
 from gateway.telemetry.otlp_post import ExportConfig, OtlpPoster
-from gateway.telemetry.span_frames import ACK, CONFIG, EOF, FLUSH, RECORDS, FrameReader, frame
+from gateway.telemetry.span_frames import (
+    ACK,
+    CONFIG,
+    DROPPED,
+    EOF,
+    FLUSH,
+    RECORDS,
+    TOKEN,
+    FrameReader,
+    frame,
+)
 from gateway.telemetry.span_records import CHILDREN, Record, Resource, Scope, span_count
 
 log = logging.getLogger("routegate.tracing.export")
@@ -107,20 +117,34 @@ def serve(sock: socket.socket, post: Any = None) -> int:
         log.error("trace exporter: expected a config frame, got %r", kind)
         return 2
     exporter = Exporter(pickle.loads(payload), post)
+    reported = 0  # failed spans the gateway has been told about
+
+    def report_failures() -> None:
+        nonlocal reported
+        if exporter.failed > reported:
+            try:
+                sock.sendall(frame(DROPPED, TOKEN.pack(exporter.failed - reported)))
+            except OSError:  # the gateway has gone: nobody left to tell
+                return
+            reported = exporter.failed
+
     while True:
         kind, payload = frames.next(exporter.due_in())
         if kind == RECORDS:
             exporter.add(payload)
         elif kind == FLUSH:
             exporter.export()
+            report_failures()  # before the ack: a flush's drops are counted when it returns
             sock.sendall(frame(ACK, payload))
         elif kind == EOF:
             break
         due = exporter.due_in()
         if due is not None and due <= 0:
             exporter.export()
+        report_failures()
     if exporter.pending:
         exporter.export()
+        report_failures()
     if exporter.failed:
         log.warning("trace exporter: %d spans could not be exported", exporter.failed)
     return 0

@@ -6,6 +6,8 @@ Each way, a frame is a 5-byte head (payload length, kind) and the payload:
     R  records: span records (`span_records.py`), each pickled, one after another
     F  flush: 8-byte token; everything received before it is exported, then
     A  ack: the same token, back to the gateway
+    D  dropped: 8-byte count, back to the gateway: spans the collector refused or
+       that could not be sent within the timeout (the gateway counts them)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import socket
 import struct
 
 HEAD = struct.Struct("<IB")
-CONFIG, RECORDS, FLUSH, ACK = b"C"[0], b"R"[0], b"F"[0], b"A"[0]
+CONFIG, RECORDS, FLUSH, ACK, DROPPED = b"C"[0], b"R"[0], b"F"[0], b"A"[0], b"D"[0]
 TOKEN = struct.Struct("<Q")
 _READ_BYTES = 1 << 20
 EOF = -1

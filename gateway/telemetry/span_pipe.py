@@ -9,7 +9,9 @@ a non-blocking Unix socket whose other end is the exporter process
 (`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
 exporter: a full deque, a full socket or a dead exporter drops the spans and
 counts them (`dropped_spans`, and a log line), as the SDK's batch processor drops
-rather than blocks. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
+rather than blocks; the exporter process reports back the spans it could not
+export (refused by the collector, or not sent within the timeout), and they are
+counted the same way. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
 spans, here divided by the spans of a request) plus the socket's buffer and at
 most one partly written frame.
 
@@ -39,7 +41,16 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from gateway.telemetry.light_span import SPANS_PER_REQUEST
 from gateway.telemetry.otlp_post import ExportConfig
-from gateway.telemetry.span_frames import ACK, CONFIG, FLUSH, HEAD, RECORDS, TOKEN, frame
+from gateway.telemetry.span_frames import (
+    ACK,
+    CONFIG,
+    DROPPED,
+    FLUSH,
+    HEAD,
+    RECORDS,
+    TOKEN,
+    frame,
+)
 from gateway.telemetry.span_records import CHILDREN, Record, record_of
 
 log = logging.getLogger("routegate.tracing")
@@ -75,10 +86,12 @@ class SpanPipe(SpanProcessor):
         self._sock: socket.socket | None = None
         self._down_since = -float("inf")  # when the exporter process was last lost
         self._tail = b""  # the unsent end of a partly written frame
-        self._acks = bytearray()
+        self._replies = bytearray()  # frames from the exporter process, not yet read
+        self._acked = 0  # the latest flush token the exporter process has answered
         self._tokens = count(1)
         self._dropped_queued = 0  # by the request path (one thread: the event loop's)
         self._dropped_handed = 0  # by hand-offs (under the lock)
+        self._dropped_exporting = 0  # reported by the exporter process (under the lock)
         self._warned_at = -float("inf")
         self._lock = threading.Lock()  # the socket and the process
         self._wake = threading.Event()
@@ -135,8 +148,43 @@ class SpanPipe(SpanProcessor):
             if not self._alive():
                 self._drop(sum(spans for spans, _ in items), "the exporter process is not running")
                 return
+            self._read_replies()
+            if self._sock is None:
+                self._drop(sum(spans for spans, _ in items), "the exporter process has gone")
+                return
             if not self._send(frame(RECORDS, b"".join([data for _, data in items]))):
                 self._drop(sum(spans for spans, _ in items), "the exporter process is behind")
+
+    def _read_replies(self) -> None:
+        """Read what the exporter process has said (under the lock): flush acks, and the
+        spans it could not export, which count as dropped."""
+        sock = self._sock
+        if sock is None:
+            return
+        replies = self._replies
+        while True:
+            try:
+                chunk = sock.recv(4096)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._gone()
+                return
+            replies += chunk
+        while len(replies) >= HEAD.size:
+            size, kind = HEAD.unpack_from(replies)
+            if len(replies) < HEAD.size + size:
+                break
+            if kind in (ACK, DROPPED) and size == TOKEN.size:
+                value = TOKEN.unpack_from(replies, HEAD.size)[0]
+                if kind == ACK:
+                    self._acked = max(self._acked, value)
+                elif value:
+                    self._dropped_exporting += value
+                    self._warn("the collector refused them or did not answer in time")
+            del replies[:HEAD.size + size]
 
     def _send(self, data: bytes) -> bool:
         """Write `data` whole or not at all (a partly written frame finishes first)."""
@@ -184,7 +232,7 @@ class SpanPipe(SpanProcessor):
             theirs.close()
         mine.sendall(frame(CONFIG, dumps(self._config)))
         mine.setblocking(False)
-        self._sock, self._tail, self._acks = mine, b"", bytearray()
+        self._sock, self._tail, self._replies = mine, b"", bytearray()
 
     def _gone(self) -> None:
         process, self.process = self.process, None
@@ -204,8 +252,9 @@ class SpanPipe(SpanProcessor):
 
     @property
     def dropped_spans(self) -> int:
-        """Spans lost so far: queue full, exporter behind (socket full) or not running."""
-        return self._dropped_queued + self._dropped_handed
+        """Spans lost so far: queue full, exporter behind (socket full) or not running,
+        and those the exporter process could not export (refused, or timed out)."""
+        return self._dropped_queued + self._dropped_handed + self._dropped_exporting
 
     def _drop(self, spans: int, why: str) -> None:
         self._dropped_handed += spans
@@ -231,7 +280,7 @@ class SpanPipe(SpanProcessor):
             self._tail = data
             if not self._drain(sock, deadline):
                 return False
-            return self._acked(sock, token, deadline)
+            return self._wait_for_ack(sock, token, deadline)
 
     def _drain(self, sock: socket.socket, deadline: float) -> bool:
         """Finish writing the partly written frame, waiting up to `deadline`."""
@@ -250,30 +299,17 @@ class SpanPipe(SpanProcessor):
                     return False
         return True
 
-    def _acked(self, sock: socket.socket, token: int, deadline: float) -> bool:
-        acks = self._acks
+    def _wait_for_ack(self, sock: socket.socket, token: int, deadline: float) -> bool:
         while True:
-            while len(acks) >= HEAD.size + TOKEN.size:
-                size, kind = HEAD.unpack_from(acks)
-                got = TOKEN.unpack_from(acks, HEAD.size)[0] if kind == ACK else 0
-                del acks[:HEAD.size + size]
-                if got >= token:
-                    return True
+            self._read_replies()
+            if self._acked >= token:
+                return True
+            if self._sock is not sock:  # gone while waiting
+                return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            readable, _, _ = select.select([sock], [], [], remaining)
-            if readable:
-                try:
-                    chunk = sock.recv(4096)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    self._gone()
-                    return False
-                acks += chunk
+            select.select([sock], [], [], remaining)
 
     def shutdown(self) -> None:
         if self._closed:

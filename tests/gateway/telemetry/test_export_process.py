@@ -270,3 +270,32 @@ async def test_a_value_that_cannot_be_sent_costs_its_spans_not_the_request(
     assert await asyncio.to_thread(pipe.force_flush)
     assert len(receiver.spans) == SPANS  # the next request's spans went out as ever
     await asyncio.to_thread(provider.shutdown)
+
+
+@pytest.fixture
+async def refusing_collector() -> AsyncIterator[str]:
+    """An OTLP/HTTP endpoint that refuses every export (400: not retried)."""
+    async def refuse(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=400, text="bad request")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    await runner.cleanup()
+
+
+async def test_spans_the_collector_refuses_are_counted_as_dropped(
+        refusing_collector: str) -> None:
+    telemetry, pipe, provider = piped(refusing_collector, handoff_s=3600.0)
+    for _ in range(3):
+        await scripted_request(telemetry)
+    assert await asyncio.to_thread(provider.force_flush)
+    assert pipe.dropped_spans == telemetry.dropped_spans() == 3 * SPANS
+    telemetry.metrics.observe_dropped_spans(telemetry.dropped_spans())
+    exposition = telemetry.metrics.render()[0].decode()
+    assert f"routegate_trace_spans_dropped_total {float(3 * SPANS)}" in exposition
+    await asyncio.to_thread(provider.shutdown)
