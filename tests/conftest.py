@@ -40,6 +40,30 @@ def single_backend_policy(url: str, *, models: tuple[str, ...] = ("gpt-4o-mini",
     return policy
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+StartScripted = Callable[[Handler], Awaitable[str]]
+
+
+@pytest.fixture
+async def scripted_upstream() -> AsyncIterator[StartScripted]:
+    """`url = await scripted_upstream(handler)`: a backend answering chat completions
+    with `handler`, for replies no fake produces (cut bodies, odd framing); its base URL."""
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
 def as_policy(policy: str | dict[str, Any] | Policy) -> Policy:
     if isinstance(policy, Policy):
         return policy

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -15,35 +14,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.conftest import StartGateway, single_backend_policy
+from tests.conftest import StartGateway, StartScripted, single_backend_policy
 from tests.gateway.limits.test_gateway_limits import limited_policy, usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "chat", "messages": MESSAGES}
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-StartScripted = Callable[[Handler], Awaitable[str]]
-
-
-@pytest.fixture
-async def scripted_upstream() -> AsyncIterator[StartScripted]:
-    """`url = await scripted_upstream(handler)`: a backend answering chat completions
-    with `handler`."""
-    runners: list[web.AppRunner] = []
-
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
 async def _post(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as session, session.post(
             url + "/v1/chat/completions", json=body) as response:

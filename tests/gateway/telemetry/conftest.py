@@ -15,7 +15,7 @@ from gateway.settings import Settings
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import tracer_provider_from_env
-from tests.conftest import RunningGateway, as_policy
+from tests.conftest import RunningGateway, StartScripted, as_policy
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
 
 ACCESS_LOGGER = "test.routegate.access"
@@ -81,25 +81,15 @@ StartRaw = Callable[[web.Response], Awaitable[str]]
 
 
 @pytest.fixture
-async def start_raw() -> AsyncIterator[StartRaw]:
+def start_raw(scripted_upstream: StartScripted) -> StartRaw:
     """`await start_raw(response)`: a backend answering every chat request with
     `response`; its base URL."""
-    runners: list[web.AppRunner] = []
-
     async def start(response: web.Response) -> str:
         async def chat(request: web.Request) -> web.Response:
             await request.read()
             return web.Response(status=response.status, body=response.body,
                                 headers=response.headers)
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        return await scripted_upstream(chat)
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
