@@ -51,7 +51,7 @@ def _frozen(attributes: dict[str, Any]) -> dict[str, Any]:
             for key, value in attributes.items()}
 
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 SPANS_PER_REQUEST = 6  # root, auth, rate limit, route, queue wait, upstream
 
 
@@ -120,7 +120,7 @@ class ChildSpans:
               attributes: dict[str, Any], root: Span | None = None) -> LightSpan:
         """A child of `parent`; given its light `root`, the child is handed over together
         with the root when the root ends (one hand-off per request on the direct path)."""
-        context = SpanContext(parent.trace_id, self._new_span_id(), False, _SAMPLED,
+        context = SpanContext(parent.trace_id, self._new_span_id(), False, SAMPLED,
                               parent.trace_state)
         span = LightSpan(self, name, context, parent, kind, attributes)
         if type(root) is LightSpan and type(self._on_end) is _Direct:

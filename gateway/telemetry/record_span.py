@@ -23,15 +23,13 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
-    TraceFlags,
     Tracer,
 )
 from opentelemetry.util.types import Attributes
 
-from gateway.telemetry.light_span import ChildSpans, PlainSpan
+from gateway.telemetry.light_span import SAMPLED, ChildSpans, PlainSpan
 from gateway.telemetry.span_records import Record
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # Enum members are read through `_value_` (the member's own attribute): `.value` goes
 # through a Python-level descriptor, ~0.15 µs a read, several times a request.
 
@@ -117,7 +115,7 @@ class RecordedSpan(PlainSpan):
             parent = self.parent
             assert parent is not None
             context = self._context = SpanContext(
-                parent.trace_id, self._sink._new_span_id(), False, _SAMPLED,
+                parent.trace_id, self._sink._new_span_id(), False, SAMPLED,
                 parent.trace_state)
         return context
 
