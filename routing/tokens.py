@@ -48,24 +48,22 @@ TOKENS_PER_IMAGE = 85
 # than that; the estimate is within ~1 % on natural text (bench/routing.py).
 EXACT_COUNT_MAX_CHARS = 16_000
 SAMPLE_CHARS = 12_000
-# Counts of a message's short non-content fields (`role`, `name`, `tool_call_id`) are
-# remembered: they repeat on every request, and a call into tiktoken costs ~5 µs however
-# short the text. Bounded.
-FIELD_CACHE_MAX_CHARS = 64
-FIELD_CACHE_ENTRIES = 4096
-# System (and developer) prompts repeat too — an application sends the same one with
-# every request — so their exact counts are remembered as well: a dict hit costs well
-# under a µs against 5–50 µs of BPE. Few distinct ones exist per deployment; the
-# bound caps the memory at about 256 × 16 k characters.
+# Texts that repeat are counted once and remembered (a dict hit costs well under a µs
+# against 5–50 µs of BPE; counts stay exact). Each cache is bounded by the characters
+# it holds and starts again empty when full; one text may take at most a share of it.
+#   fields   a message's short non-content fields (`role`, `name`, `tool_call_id`): they
+#            repeat on every request, and a call into tiktoken costs ~5 µs however short
+#   system   system (and developer) prompts: an application sends the same one with
+#            every request; few distinct ones exist per deployment
+#   turns    the other messages' text: a conversation sends its earlier turns again with
+#            every request, so a history is encoded once, not once per turn (about 1.6 ms
+#            of the event loop per request for 8 k tokens of history otherwise); kept
+#            apart so that it cannot push the system prompts out
+FIELD_CACHE_MAX_CHARS, FIELD_CACHE_CHARS = 64, 256 * 1024
 SYSTEM_ROLES = frozenset({"system", "developer"})
-SYSTEM_CACHE_ENTRIES = 256
-# A conversation sends its earlier turns again with every request, so the text of the
-# other messages is remembered as well (exactly, and kept apart from system prompts,
-# which must not be pushed out by it): a history is encoded once, not once per turn —
-# about 1.6 ms of the event loop per request for 8 k tokens of history otherwise.
-# Bounded by the characters held; a full cache starts again empty.
+SYSTEM_CACHE_CHARS = 4_000_000  # with texts up to EXACT_COUNT_MAX_CHARS: ~256 prompts
 TURN_CACHE_CHARS = 4_000_000
-TURN_CACHE_MAX_CHARS = TURN_CACHE_CHARS // 16  # one text may take at most this share
+TURN_CACHE_MAX_CHARS = TURN_CACHE_CHARS // 16
 # Each message or input costs a call into tiktoken (~5 µs), so a body of very many short
 # ones (100,000 messages fit in 5 MB) held the event loop for half a second. Past this
 # many, an evenly spread sample of them is counted exactly and scaled, as long texts are.
@@ -81,10 +79,9 @@ class TokenCounter:
         self._exact_max = exact_count_max_chars
         self._encodings: dict[str, tiktoken.Encoding] = {}
         self._by_model: dict[str, tiktoken.Encoding] = {}
-        self._fields: dict[tuple[str, str], int] = {}  # (encoding name, text) → tokens
-        self._system: dict[tuple[str, str], int] = {}  # system prompts, the same way
-        self._turns: dict[tuple[str, str], int] = {}  # other messages' text, the same way
-        self._turn_chars = 0
+        self._fields = _Remembered(FIELD_CACHE_CHARS, FIELD_CACHE_MAX_CHARS)
+        self._system = _Remembered(SYSTEM_CACHE_CHARS, exact_count_max_chars)
+        self._turns = _Remembered(TURN_CACHE_CHARS, TURN_CACHE_MAX_CHARS)
 
     def encoding_for(self, model: str) -> tiktoken.Encoding:
         """The bundled encoding closest to the one `model` really uses."""
@@ -121,44 +118,17 @@ class TokenCounter:
         )
         return round(sampled * len(text) / (4 * piece))
 
-    def _count_field(self, encoding: tiktoken.Encoding, text: str) -> int:
-        """A short field's count, remembered (see FIELD_CACHE_MAX_CHARS)."""
+    def _recall(self, cache: _Remembered, encoding: tiktoken.Encoding, text: str) -> int:
+        """`_count`, through `cache` for texts short enough to keep."""
         if not text:
             return 0
-        if len(text) > FIELD_CACHE_MAX_CHARS:
+        if len(text) > cache.max_text:
             return self._count(encoding, text)
         key = (encoding.name, text)
-        count = self._fields.get(key)
+        count = cache.counts.get(key)
         if count is None:
-            if len(self._fields) >= FIELD_CACHE_ENTRIES:
-                self._fields.clear()
-            count = self._fields[key] = len(encoding.encode_ordinary(text))
-        return count
-
-    def _count_system(self, encoding: tiktoken.Encoding, text: str) -> int:
-        """A system prompt's count, remembered (see SYSTEM_CACHE_ENTRIES); exact."""
-        if not text or len(text) > self._exact_max:
-            return self._count(encoding, text) if text else 0
-        key = (encoding.name, text)
-        count = self._system.get(key)
-        if count is None:
-            if len(self._system) >= SYSTEM_CACHE_ENTRIES:
-                self._system.clear()
-            count = self._system[key] = len(encoding.encode_ordinary(text))
-        return count
-
-    def _count_turn(self, encoding: tiktoken.Encoding, text: str) -> int:
-        """A message's text, remembered (see TURN_CACHE_CHARS): the count `_count` gives."""
-        if not text or len(text) > TURN_CACHE_MAX_CHARS:
-            return self._count(encoding, text) if text else 0
-        key = (encoding.name, text)
-        count = self._turns.get(key)
-        if count is None:
-            if self._turn_chars + len(text) > TURN_CACHE_CHARS:
-                self._turns.clear()
-                self._turn_chars = 0
-            count = self._turns[key] = self._count(encoding, text)
-            self._turn_chars += len(text)
+            count = self._count(encoding, text)
+            cache.keep(key, count)
         return count
 
     def count_messages(self, messages: Any, model: str = "") -> int:
@@ -179,21 +149,22 @@ class TokenCounter:
             for field, value in message.items():
                 if field == "content":
                     if isinstance(value, str):
-                        total += (self._count_system(encoding, value) if system
-                                  else self._count_turn(encoding, value))
+                        total += self._recall(
+                            self._system if system else self._turns, encoding, value)
                     else:
                         total += self._content(value, encoding)
                 elif field == "name":
-                    total += TOKENS_PER_NAME + self._count_field(encoding, str(value))
+                    total += TOKENS_PER_NAME + self._recall(self._fields, encoding, str(value))
                 elif field == "tool_calls" and isinstance(value, list):
                     for call in value:
                         function = call.get("function", {}) if isinstance(call, Mapping) else {}
                         if isinstance(function, Mapping):
-                            total += self._count_field(encoding, str(function.get("name", "")))
+                            name = str(function.get("name", ""))
+                            total += self._recall(self._fields, encoding, name)
                             arguments = str(function.get("arguments", ""))
                             total += self._count(encoding, arguments) if arguments else 0
                 elif isinstance(value, str):  # role, tool_call_id
-                    total += self._count_field(encoding, value)
+                    total += self._recall(self._fields, encoding, value)
         return total
 
     def count_request(self, body: Mapping[str, Any]) -> int:
@@ -243,3 +214,22 @@ def _spread(items: list[Any], count: int) -> list[Any]:
     """`count` items evenly spread over `items`, first and last included."""
     step = (len(items) - 1) / (count - 1)
     return [items[round(i * step)] for i in range(count)]
+
+
+class _Remembered:
+    """Exact counts by (encoding name, text), bounded by the characters held."""
+
+    __slots__ = ("chars", "counts", "max_chars", "max_text")
+
+    def __init__(self, max_chars: int, max_text: int) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.chars = 0
+        self.max_chars, self.max_text = max_chars, max_text
+
+    def keep(self, key: tuple[str, str], count: int) -> None:
+        size = len(key[1])
+        if self.chars + size > self.max_chars:  # full: start again empty
+            self.counts.clear()
+            self.chars = 0
+        self.counts[key] = count
+        self.chars += size
