@@ -88,9 +88,7 @@ class FailoverStore:
             except StoreUnavailable as exc:
                 self._mark_down(exc)
             else:
-                periods = self._periods.at(now)
-                self._known[tenant] = _KnownSpend(periods.day, decision.spent_day_micros,
-                                                  periods.month, decision.spent_month_micros)
+                self._learnt(tenant, decision, now)
                 return decision
         if self.on_error == "fail_closed":
             self.rejected_unavailable += 1
@@ -115,6 +113,17 @@ class FailoverStore:
                 rejection, limit=(budget.day_micros if daily else budget.month_micros) or 0,
                 used=decision.spent_day_micros if daily else decision.spent_month_micros)
         return decision
+
+    def _learnt(self, tenant: str, decision: Decision, now: float) -> None:
+        """Redis's figures from an admission (kept in place: one per tenant)."""
+        periods = self._periods.at(now)
+        known = self._known.get(tenant)
+        if known is None:
+            self._known[tenant] = _KnownSpend(periods.day, decision.spent_day_micros,
+                                              periods.month, decision.spent_month_micros)
+            return
+        known.day, known.day_micros = periods.day, decision.spent_day_micros
+        known.month, known.month_micros = periods.month, decision.spent_month_micros
 
     def _known_spend(self, tenant: str, now: float) -> tuple[int, int]:
         known = self._known.get(tenant)
