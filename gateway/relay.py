@@ -70,6 +70,7 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
             headers[header] = response.headers[header]
     return web.Response(status=status, body=data, headers=headers)
 
+
 async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.StreamResponse:
     name = ctx.target.backend_name if ctx.target else "?"
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)

@@ -94,8 +94,8 @@ class UpstreamAttempt:
         if isinstance(error, BaseException):
             mark_error(self.span, error)
         elif self.span.is_recording():
-            # The statement only: what follows ": " quotes the backend's reply (a cut
-            # body may hold completion text) or an exception, which a trace must not carry.
+            # The statement only: what follows ": " is an exception's own text, which
+            # may quote what the backend sent; a trace carries no content.
             self.span.set_attribute(a.ERROR_TYPE, error.partition(": ")[0][:200])
             self.span.set_status(Status(StatusCode.ERROR))
         if status is not None and self.span.is_recording():

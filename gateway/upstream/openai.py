@@ -71,8 +71,8 @@ class OpenAIUpstream:
                 self.base_url, max_connections=self.backend.max_connections,
                 timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s),
                 headers=self._headers,
-                ssl_context=tls_context(ca_file) if self.base_url.startswith("https:")
-                else None)
+                # the system's CAs unless the policy names a bundle (`Http1Client`'s default)
+                ssl_context=None if ca_file is None else tls_context(ca_file))
         return self._client
 
     def retire(self) -> None:
