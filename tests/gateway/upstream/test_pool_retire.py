@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from gateway.app import LIVE_POLICY, UPSTREAMS
@@ -66,41 +67,27 @@ async def test_a_retired_session_closes_once_its_stream_has_finished(
         assert not new.closed
 
 
-async def test_a_retired_session_with_no_request_in_flight_closes_at_once(
-        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
-    fake = await start_upstream()
-    gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
-    async with aiohttp.ClientSession() as client:
-        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
-            assert reply.status == 200
-        old = session_of(gateway)
-
-        gateway.app[LIVE_POLICY].swap(loads(policy_text(fake.url, 4.0)))
-        async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
-            assert reply.status == 200
-
-    await eventually(lambda: old.closed)
-    assert not session_of(gateway).closed
-
-
 def policy_without_up(url: str) -> str:
-    policy = single_backend_policy(url, backend="other")
-    return yaml.safe_dump(policy)
+    return yaml.safe_dump(single_backend_policy(url, backend="other"))
 
 
-async def test_a_backend_removed_by_a_reload_closes_its_connections(
-        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+@pytest.mark.parametrize("reloaded", [
+    lambda url: policy_text(url, 4.0),  # `up` changed: a new pool replaces the old
+    policy_without_up,  # `up` removed: `other` serves
+], ids=["changed", "removed"])
+async def test_a_pool_the_reload_replaced_or_removed_closes_at_once_when_idle(
+        start_upstream: StartUpstream, start_gateway: StartGateway,
+        reloaded: Callable[[str], str]) -> None:
     fake = await start_upstream()
     gateway = await start_gateway(policy_text(fake.url, 5.0), Settings(port=0))
     async with aiohttp.ClientSession() as client:
         async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
             assert reply.status == 200
         old = session_of(gateway)
-        assert not old.closed
 
-        gateway.app[LIVE_POLICY].swap(loads(policy_without_up(fake.url)))  # `up` is gone
+        gateway.app[LIVE_POLICY].swap(loads(reloaded(fake.url)))
         async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
-            assert reply.status == 200  # served by `other`
+            assert reply.status == 200
 
     await eventually(lambda: old.closed)
 
