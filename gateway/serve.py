@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     settings = Settings(host=args.host, port=args.port, policy_path=path,
                         shadow_policy_path=args.shadow_policy)
-    try:  # OTEL_* (trace export; none configured = none), PROMETHEUS_MULTIPROC_DIR
+    try:  # OTEL_* (trace export; none configured = none)
         # one bare JSON line per request on stdout, buffered (flushed about once a second)
         # its own 64 KiB buffer on stdout's descriptor: `sys.stdout.buffer` writes every
         # line at once under PYTHONUNBUFFERED (one system call per request)

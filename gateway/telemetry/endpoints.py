@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from gateway.telemetry.metrics import GatewayMetrics
@@ -11,11 +9,8 @@ from gateway.telemetry.metrics import GatewayMetrics
 
 def metrics_route(metrics: GatewayMetrics, path: str = "/metrics") -> web.RouteDef:
     async def exposition(request: web.Request) -> web.Response:
-        # Multi-process mode reads every worker's files: keep that off the event loop.
-        if metrics.multiprocess_dir:
-            body, content_type = await asyncio.to_thread(metrics.render)
-        else:
-            body, content_type = metrics.render()
+        # Rendered on the loop's thread, the one that updates the series (no locks).
+        body, content_type = metrics.render()
         response = web.Response(body=body)
         # The exposition content type carries `version=` and `charset=`: set it verbatim.
         response.headers["Content-Type"] = content_type

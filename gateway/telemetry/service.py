@@ -46,11 +46,10 @@ class Telemetry:
     @classmethod
     def from_env(cls, env: Mapping[str, str], *,
                  access_stream: IO[bytes] | None = None) -> Telemetry:
-        """What `routegate serve` uses: `OTEL_*` for traces, `PROMETHEUS_MULTIPROC_DIR`;
-        access lines to `access_stream` (buffered bytes) when given, else to logging."""
+        """What `routegate serve` uses: `OTEL_*` for traces; access lines to
+        `access_stream` (buffered bytes) when given, else to logging."""
         return cls(
             provider=tracer_provider_from_env(env),
-            metrics=GatewayMetrics(multiprocess_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None),
             access_log=AccessLog(stream=access_stream) if access_stream is not None else None,
         )
 

@@ -1,19 +1,17 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+import re
 
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.telemetry.metric_series import CounterFamily, GaugeFamily, HistogramFamily
 from gateway.telemetry.metrics import GatewayMetrics, LabelGuard
 from gateway.telemetry.service import Telemetry
+from gateway.telemetry.timing import TimingSplit
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request
-
-ROOT = Path(__file__).resolve().parents[3]
 
 EXPECTED = {
     # histograms
@@ -88,23 +86,95 @@ def test_label_guard_folds_values_past_its_cap_into_other() -> None:
     assert [guard("model", m) for m in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
 
 
-WORKER = textwrap.dedent("""
-    import sys
-    from gateway.telemetry.metrics import GatewayMetrics
-    m = GatewayMetrics(multiprocess_dir=sys.argv[1])
-    m.observe_decision("chat", "local", "cheapest")
-    m.in_flight.labels("local").inc()
-    if sys.argv[2] == "render":
-        sys.stdout.write(m.render()[0].decode())
-""")
+def samples_of(metrics: GatewayMetrics, family: str) -> list:
+    return families(metrics.render()[0].decode())[family]
 
 
-def test_multi_process_workers_are_aggregated_by_any_worker(tmp_path: Path) -> None:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    run = [sys.executable, "-c", WORKER, str(tmp_path)]
-    subprocess.run([*run, "write"], env=env, check=True, cwd=ROOT, timeout=60)
-    out = subprocess.run([*run, "render"], env=env, check=True, cwd=ROOT, timeout=60,
-                         capture_output=True, text=True).stdout
-    found = families(out)
-    (decisions,) = [s for s in found["routegate_routing_decisions"] if s.name.endswith("_total")]
-    assert decisions.value == 2.0  # one from each worker process
+def finished(metrics: GatewayMetrics, *, total_ms: float, tenant: str = "acme",
+             model: str = "llama") -> None:
+    metrics.observe_request(route="chat", backend="local", model=model, tenant=tenant,
+                            status=200, split=TimingSplit(gw_ms=0.5, queue_ms=0.0,
+                                                          upstream_ms=total_ms, total_ms=total_ms))
+
+
+def test_a_value_equal_to_a_bucket_bound_lands_in_that_bucket() -> None:
+    m = GatewayMetrics()
+    finished(m, total_ms=250.0)  # 0.25 s: exactly the `le="0.25"` bound
+    buckets = {s.labels["le"]: s.value for s in samples_of(m, "routegate_request_duration_seconds")
+               if s.name.endswith("_bucket")}
+    assert (buckets["0.1"], buckets["0.25"], buckets["0.5"]) == (0.0, 1.0, 1.0)
+
+
+def test_bucket_counts_are_cumulative_and_inf_equals_count() -> None:
+    m = GatewayMetrics()
+    for total_ms in (3.0, 40.0, 40.0, 2_000.0, 900_000.0):  # the last one past every bound
+        finished(m, total_ms=total_ms)
+    samples = samples_of(m, "routegate_request_duration_seconds")
+    buckets = [s.value for s in samples if s.name.endswith("_bucket")]
+    (count,) = [s.value for s in samples if s.name.endswith("_count")]
+    (total,) = [s.value for s in samples if s.name.endswith("_sum")]
+    assert buckets == sorted(buckets) and buckets[0] == 1.0 and buckets[-2] == 4.0
+    assert buckets[-1] == count == 5.0
+    assert total == pytest.approx(0.003 + 0.04 + 0.04 + 2.0 + 900.0)
+
+
+def test_gauges_go_up_and_down() -> None:
+    m = GatewayMetrics()
+    in_flight = m.in_flight_of("local")
+    in_flight.inc()
+    in_flight.inc()
+    m.queue_depth_of("local").inc()
+    assert [s.value for s in samples_of(m, "routegate_in_flight")] == [2.0]
+    in_flight.dec()
+    m.queue_depth_of("local").dec()
+    assert [s.value for s in samples_of(m, "routegate_in_flight")] == [1.0]
+    assert [s.value for s in samples_of(m, "routegate_queue_depth")] == [0.0]
+
+
+def test_label_values_past_the_guards_cap_are_counted_under_other() -> None:
+    m = GatewayMetrics(max_label_values=2)
+    for tenant in ("a", "b", "c", "d", "a"):
+        finished(m, total_ms=10.0, tenant=tenant)
+    counts = {s.labels["tenant"]: s.value for s in samples_of(m, "routegate_requests")
+              if s.name.endswith("_total")}
+    assert counts == {"a": 2.0, "b": 1.0, "other": 2.0}
+
+
+def test_a_counter_refuses_to_go_down() -> None:
+    with pytest.raises(ValueError, match="only go up"):
+        CounterFamily("c", "doc", ["x"]).labels("1").inc(-1)
+
+
+def test_unlabelled_counter_shows_zero_before_any_increment() -> None:
+    m = GatewayMetrics()
+    (total,) = [s for s in samples_of(m, "routegate_trace_spans_dropped")
+                if s.name.endswith("_total")]
+    assert total.value == 0.0
+
+
+def without_created_values(text: str) -> str:
+    return re.sub(r"(_created(?:\{[^}]*\})?) \S+", r"\1 T", text)
+
+
+@pytest.mark.parametrize("bounds", [(0.005, 0.25, 1.0), (-1.0, -0.1, 0.0, 0.1, 1.0)])
+def test_families_render_as_prometheus_client_metrics_do(bounds: tuple[float, ...]) -> None:
+    values = (-2.0, -0.1, 0.0, 0.005, 0.1, 0.3, 1.0, 7.0)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    h = HistogramFamily("x_seconds", "h doc", ["a", "b"], bounds, registry=ours)
+    c = CounterFamily("x_events", "c doc", ["a"], registry=ours)
+    g = GaugeFamily("x_level", "g doc", ["a"], registry=ours)
+    ref_h = Histogram("x_seconds", "h doc", ["a", "b"], buckets=bounds, registry=theirs)
+    ref_c = Counter("x_events", "c doc", ["a"], registry=theirs)
+    ref_g = Gauge("x_level", "g doc", ["a"], registry=theirs)
+    for v in values:
+        h.labels("p", "q").observe(v)
+        ref_h.labels("p", "q").observe(v)
+    for labels in (("u",), ("v",), ("u",)):
+        c.labels(*labels).inc(2.5)
+        ref_c.labels(*labels).inc(2.5)
+        g.labels(*labels).inc()
+        ref_g.labels(*labels).inc()
+    g.labels("v").dec(3)
+    ref_g.labels("v").dec(3)
+    assert without_created_values(generate_latest(ours).decode()) == \
+        without_created_values(generate_latest(theirs).decode())
