@@ -77,6 +77,11 @@ class AccessLog:
         self.logger = logger or logging.getLogger(LOGGER_NAME)
         self.stream = stream
 
+    @property
+    def enabled(self) -> bool:
+        """Whether `write` goes anywhere: callers skip building the record when not."""
+        return self.stream is not None or self.logger.isEnabledFor(logging.INFO)
+
     def write(self, record: AccessRecord) -> None:
         stream = self.stream
         if stream is None and not self.logger.isEnabledFor(logging.INFO):

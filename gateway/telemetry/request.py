@@ -340,7 +340,10 @@ class RequestTelemetry:
             total_ms=split.total_ms, queue_ms=split.queue_ms, ttft_ms=split.ttft_ms,
             inference_ms=split.inference_ms, reason=self.reason, cost_usd=self.cost_usd or 0.0,
         ))
-        self._telemetry.access_log.write(AccessRecord(
+        access_log = self._telemetry.access_log
+        if not access_log.enabled:
+            return split
+        access_log.write(AccessRecord(
             request_id=self.request_id, method=self.method, path=self.path, status=status,
             trace_id=self.trace_id, tenant=self.tenant, route=self.route,
             backend=self.backend, model=self.model, stream=self.stream, attempts=self.attempts,

@@ -216,7 +216,8 @@ class RequestTrace:
             if context.trace_state:
                 headers["tracestate"] = context.trace_state.to_header()
             return
-        _PROPAGATOR.inject(headers, context=self._inbound)
+        if self._inbound:  # no inbound context (the usual case): nothing to forward
+            _PROPAGATOR.inject(headers, context=self._inbound)
 
     def end(self, status_code: int, error_type: str | None = None) -> None:
         if self.recording:
