@@ -72,3 +72,7 @@ class RequestContext:
     error: GatewayError | None = None  # what the client was told, if it failed
     bytes_sent: bool = False  # once True a failure can only end the stream
     state: dict[str, Any] = field(default_factory=dict)  # scratch space for plug-ins
+    # Headers plug-ins give every response of this request from the moment they are set
+    # (rate-limit state, the routing decision): on the relayed response, and on an error
+    # through `GatewayError.headers` (its own values win, e.g. a 429's).
+    response_headers: dict[str, str] = field(default_factory=dict)

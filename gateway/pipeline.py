@@ -92,6 +92,8 @@ class Pipeline:
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status
             exc.headers.setdefault("X-Request-Id", ctx.request_id)
+            for name, value in ctx.response_headers.items():
+                exc.headers.setdefault(name, value)
             tel.refused(exc.status, exc.code, exc.type)
             raise
         except asyncio.CancelledError:

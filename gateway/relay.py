@@ -64,7 +64,7 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
     elif status < 300:
         ctx.usage = usage_of(data)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
-               "X-Request-Id": ctx.request_id}
+               "X-Request-Id": ctx.request_id, **ctx.response_headers}
     for header in PASSTHROUGH_HEADERS:
         if header in response.headers:
             headers[header] = response.headers[header]
@@ -86,9 +86,9 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         if not first:
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{name}' closed the stream without sending an event."))
-        client = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
-        client.headers["X-Request-Id"] = ctx.request_id
-        client.headers["Server-Timing"] = ctx.timing.header()
+        client = web.StreamResponse(status=200, headers={
+            **_STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
+            "Server-Timing": ctx.timing.header()})
         await client.prepare(ctx.request)
         write, write_last = _writers(client, ctx.endpoint.dialect)
         ctx.bytes_sent = True

@@ -8,7 +8,8 @@
     after attempt   TTFT, decode rate and errors into `LiveStats`; the prediction error
                     on `ctx.state[PREDICTION_ERROR_STATE]` for the telemetry metric
     every response  `x-routegate-route` (the backend/model that answered or was tried
-                    last) and `x-routegate-decision` (the decision id)
+                    last) and `x-routegate-decision` (the decision id), through the
+                    request's `response_headers`
 
 A `Router` is compiled once per policy; a reload builds the next one on the first
 request that runs under the new policy.
@@ -51,8 +52,6 @@ ROUTE_HEADER = "x-routegate-route"
 DECISION_HEADER = "x-routegate-decision"
 PREDICTION_ERROR_STATE = "routing.prediction_error"  # routing.stats.PredictionError
 _ATTEMPT_STARTED_STATE = "routing.attempt_started_s"  # on the request's timing clock
-_CONTEXT_KEY: web.RequestKey[RequestContext | dict[str, str]] = web.RequestKey(
-    "routegate.routing.ctx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +85,6 @@ class RoutingHook:
         tenant = ctx.identity.tenant if ctx.identity is not None else \
             ctx.policy.file.auth.anonymous.tenant
         stats = self.stats.snapshot()
-        ctx.request[_CONTEXT_KEY] = ctx
         try:
             features = build_features(
                 ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
@@ -98,6 +96,7 @@ class RoutingHook:
         decision = compiled.router.decide(features, stats, monotonic(),
                                           decision_id=ctx.request_id)
         ctx.decision = decision
+        ctx.response_headers[DECISION_HEADER] = decision.decision_id
         if decision.rejection is not None:
             raise _error(decision.rejection)
         if decision.redact:
@@ -155,11 +154,7 @@ class RoutingHook:
             self.stats.record_output_tokens(decision.route, output)
 
     def request_finished(self, ctx: RequestContext) -> None:
-        # What the response headers need, in place of the context itself: the request
-        # holding its context is a reference cycle, which only the garbage collector
-        # would free (with everything the request allocated) — refcounting frees this.
-        if ctx.request.get(_CONTEXT_KEY) is ctx:
-            ctx.request[_CONTEXT_KEY] = _response_headers(ctx)
+        return None
 
 
 class _CountingSlots:
@@ -194,6 +189,7 @@ class _CountedSlot:
             self._stats.request_finished(target.key)
             raise
         ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
+        ctx.response_headers[ROUTE_HEADER] = target.key  # tried last, or answered
         candidate = _candidate(ctx.decision, target.key)
         if candidate is not None and target.backend.deployment == "dedicated":
             tokens = ctx.decision.features.input_tokens + ctx.decision.features.output_tokens
@@ -228,29 +224,6 @@ def _error(rejection: Rejection) -> GatewayError:
     return NoBackendAvailable(rejection.message, code=rejection.code)
 
 
-def _response_headers(ctx: RequestContext) -> dict[str, str]:
-    headers = {}
-    if isinstance(ctx.decision, RouteDecision):
-        headers[DECISION_HEADER] = ctx.decision.decision_id
-    if ctx.target is not None:
-        headers[ROUTE_HEADER] = ctx.target.key
-    return headers
-
-
-async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
-    # the context while the request runs (a stream's headers leave mid-request), the
-    # headers it left behind once it has finished
-    entry = request.get(_CONTEXT_KEY)
-    if entry is None:
-        return
-    headers = _response_headers(entry) if isinstance(entry, RequestContext) else entry
-    for name, value in headers.items():
-        if name == DECISION_HEADER:
-            response.headers.setdefault(name, value)
-        else:
-            response.headers[name] = value
-
-
 ROUTING = web.AppKey("routegate.routing", RoutingHook)
 
 
@@ -263,7 +236,6 @@ def install(app: web.Application, hooks: Hooks, *, live: LivePolicy | None = Non
     hooks.router = hook
     hooks.observers.append(hook)
     app[ROUTING] = hook
-    app.on_response_prepare.append(_add_headers)
 
     async def wrap_queue(_: web.Application) -> None:
         hooks.queue = hook.counting(hooks.queue)

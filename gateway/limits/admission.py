@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from gateway.context import RequestContext
 from gateway.limits.ledger import cost_micros
 from gateway.limits.limiter import Limiter, Ticket
@@ -34,8 +32,6 @@ BUDGET_LEFT_STATE = "tenant_budget_left_micro_usd"
 INPUT_TOKENS_STATE = "estimated_input_tokens"
 PRICE_STATE = "amortised_usd_per_mtok"
 RELAY_STATE = "sse_relay"  # the pipeline's SseRelay for a streamed response
-# Where the response headers wait for `on_response_prepare` (see gateway/limits/http.py).
-HEADERS_KEY = web.RequestKey("routegate.ratelimit_headers", dict[str, str])
 
 
 def expected_output_tokens(ctx: RequestContext, served: str | None = None) -> int:
@@ -104,7 +100,7 @@ class LimitsAdmission:
             key_hash=identity.key_hash if identity is not None else None, route=route)
         ctx.state[TICKET_STATE] = ticket
         ctx.state[BUDGET_LEFT_STATE] = ticket.remaining_budget_micros
-        ctx.request[HEADERS_KEY] = ticket.headers
+        ctx.response_headers.update(ticket.headers)
 
     async def settle(self, ctx: RequestContext) -> None:
         ticket: Ticket | None = ctx.state.get(TICKET_STATE)

@@ -3,9 +3,9 @@
     GET /admin/usage?tenant=acme   requests, tokens and spend this day and month
                                    (admin key; 503 while a Redis store is unreachable)
 
-The `x-ratelimit-*` headers are added in `on_response_prepare`, so they reach every
-response of an admitted request — JSON, streamed, or an error after admission —
-without the pipeline handling them; a 429 carries its own on the error.
+The admission puts the `x-ratelimit-*` headers in the request's `response_headers`,
+so they reach every response of an admitted request — JSON, streamed, or an error
+after admission; a 429 carries its own on the error.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from aiohttp import web
 from gateway.auth import require_admin
 from gateway.errors import BadRequest
 from gateway.hooks import Hooks
-from gateway.limits.admission import HEADERS_KEY, LimitsAdmission
+from gateway.limits.admission import LimitsAdmission
 from gateway.limits.failover import FailoverStore
 from gateway.limits.limiter import Limiter, LimitStoreUnavailable
 from gateway.limits.store import LimitStore, StoreUnavailable
@@ -51,17 +51,9 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     app[LIMITER] = limiter
     app[_LIVE] = live
     hooks.admission = LimitsAdmission(limiter)
-    app.on_response_prepare.append(_add_rate_limit_headers)
     app.cleanup_ctx.append(_close_store)
     app.router.add_get("/admin/usage", get_usage)
     return limiter
-
-
-async def _add_rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
-    headers = request.get(HEADERS_KEY)
-    if headers:
-        for name, value in headers.items():
-            response.headers.setdefault(name, value)
 
 
 async def _close_store(app: web.Application) -> AsyncIterator[None]:

@@ -56,6 +56,18 @@ async def test_every_response_carries_openais_rate_limit_headers(
     await client.close()
 
 
+async def test_an_error_after_admission_carries_the_rate_limit_headers_too(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    upstream = await start_upstream(Behaviour(status=503))
+    gateway = await start_gateway(limited_policy(upstream.url, rpm=100))
+    client = gateway.openai()
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+    await client.close()
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "99"
+
+
 async def test_the_sdk_sees_a_rate_limit_error_naming_requests(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
     upstream = await start_upstream()

@@ -87,6 +87,28 @@ async def test_a_failing_primary_falls_back_and_the_header_names_who_answered(
     assert snapshot.target("shared/gpt").samples == 1
 
 
+async def test_when_every_candidate_fails_the_error_names_the_last_one_tried(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    local = await start_upstream(Behaviour(status=503), name="local")
+    shared = await start_upstream(Behaviour(status=503), name="shared")
+    gateway = await start_gateway(policy(local.url, shared.url))
+    status, headers, _ = await post(gateway.url, {"model": "chat", "messages": MESSAGES})
+    assert status == 502 and len(local.received) == 1 and len(shared.received) == 1
+    assert headers["x-routegate-route"] == "shared/gpt"
+    assert headers["x-routegate-decision"] == headers["X-Request-Id"]
+
+
+async def test_a_stream_names_its_route_and_decision_in_its_headers(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    local, shared = await two(start_upstream)
+    gateway = await start_gateway(policy(local.url, shared.url))
+    status, headers, _ = await post(
+        gateway.url, {"model": "chat", "messages": MESSAGES, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert headers["x-routegate-route"] == "local/llama"
+    assert headers["x-routegate-decision"] == headers["X-Request-Id"]
+
+
 async def test_redaction_applies_to_the_bytes_the_upstream_receives(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
     local, shared = await two(start_upstream)
