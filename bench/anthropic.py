@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.api.anthropic_translate import EventEncoder, chat_request, message
 from gateway.app import create_app
+from gateway.fast_lane import GatewayRunner
 from gateway.settings import Settings
 from gateway.sse import SseRelay
 from gateway.upstream.anthropic_translate import (
@@ -103,7 +104,7 @@ async def end_to_end(requests: int = 400) -> None:
         "routes": {"openai": {"targets": ["gpt/m"]}, "anthropic": {"targets": ["claude/c"]}},
         "defaults": {"limits": {"requests_per_minute": 10**7, "tokens_per_minute": 10**9}},
         "auth": {"anonymous": {"enabled": True}}}).decode(), environ={})
-    runner = web.AppRunner(create_app(policy, Settings(port=0, supervise=False)),
+    runner = GatewayRunner(create_app(policy, Settings(port=0, supervise=False)),
                            access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

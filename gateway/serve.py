@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.fast_lane import GatewayRunner
 from gateway.settings import Settings, default_policy_path
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
@@ -92,7 +93,7 @@ def settle_garbage_collector() -> None:
 async def serve(app: web.Application, settings: Settings) -> int:
     # handler_cancellation: a client that disconnects cancels its handler at once, which
     # closes the upstream connection so the backend stops generating for nobody.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     settle_garbage_collector()
     stop = asyncio.Event()

@@ -17,6 +17,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.fast_lane import GatewayRunner
 from gateway.settings import Settings
 from policies.load import Policy, loads
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
@@ -121,7 +122,7 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
     async def start(policy: str | dict[str, Any] | Policy,
                     settings: Settings | None = None) -> RunningGateway:
         app = create_app(as_policy(policy), settings or Settings(port=0))
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         runners.append(runner)

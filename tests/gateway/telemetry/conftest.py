@@ -11,6 +11,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app import create_app
+from gateway.fast_lane import GatewayRunner
 from gateway.settings import Settings
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.service import Telemetry
@@ -62,7 +63,7 @@ async def start_traced() -> AsyncIterator[StartTraced]:
         telemetry = Telemetry(provider=provider,
                               access_log=AccessLog(logging.getLogger(ACCESS_LOGGER)))
         app = create_app(as_policy(policy), Settings(port=0), telemetry=telemetry)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         runners.append(runner)
