@@ -264,13 +264,15 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise _too_large(limit)
-    chunks, size = [], 0
+    chunks, size, content = [], 0, request.content
     try:
-        while chunk := await request.content.readany():
+        while chunk := await content.readany():
             size += len(chunk)
             if size > limit:
                 raise _too_large(limit)
             chunks.append(chunk)
+            if content.at_eof():  # the usual small body: in one piece, no second read
+                break
     except web.RequestPayloadError as exc:  # bad chunking or a body that does not inflate
         raise BadRequest(f"We could not read the body of your request ({exc}).") from exc
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
