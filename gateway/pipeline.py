@@ -29,7 +29,6 @@ from random import getrandbits
 import orjson
 from aiohttp import web
 
-from gateway.api.rewrite import upstream_body
 from gateway.api.validate import model_name
 from gateway.auth import Authenticator
 from gateway.context import Attempt, Endpoint, RequestContext
@@ -163,7 +162,8 @@ class Pipeline:
         unavailable: list[str] = []
         saturated: list[BackendSaturated] = []  # refused by a full queue, at no cost
         # refused by an adapter whose API cannot express the request (`n` > 1 for an
-        # Anthropic backend), before anything was sent: another candidate may serve it
+        # Anthropic backend) as it prepared the body: before any queue slot, span or
+        # attempt, and another candidate may serve it
         inexpressible: list[BadRequest] = []
         tried = 0
         for target in ctx.candidates:
@@ -174,9 +174,15 @@ class Pipeline:
                 reason = self.pool.unavailable_reason(target.backend_name)
                 unavailable.append(f"{target.key}: {reason}")
                 continue
+            try:
+                body = upstream.prepare(
+                    ctx.endpoint.path, ctx.raw, ctx.body, model=target.upstream_name,
+                    stream_usage=ctx.stream and not ctx.client_wants_usage)
+            except BadRequest as refused:  # its API cannot express the request
+                inexpressible.append(refused)
+                unavailable.append(f"{target.key}: {refused.message}")
+                continue
             tried += 1
-            body = upstream_body(ctx.raw, ctx.body, target.upstream_name,
-                                 add_include_usage=ctx.stream and not ctx.client_wants_usage)
             attempt = Attempt(target=target)
             ctx.attempts.append(attempt)
             # Entered and left by hand, not through an AsyncExitStack (~5 µs a request):
@@ -209,13 +215,6 @@ class Pipeline:
                     self._attempt_finished(ctx, attempt)
                     log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                              failure.error.message)
-                    result = None
-                except BadRequest as refused:  # not the backend's failure: no error stats
-                    traced.failed(refused.message)
-                    ctx.attempts.pop()
-                    tried -= 1
-                    inexpressible.append(refused)
-                    unavailable.append(f"{target.key}: {refused.message}")
                     result = None
             except BaseException as exc:
                 await held.__aexit__(type(exc), exc, exc.__traceback__)

@@ -110,18 +110,23 @@ class AnthropicUpstream(OpenAIUpstream):
             self._headers["x-api-key"] = backend.api_key.get_secret_value()
         self._messages_path = "/messages" if self.base_url.endswith("/v1") else "/v1/messages"
 
-    # Returns the OpenAI-shaped view, not the aiohttp response the base class returns;
-    # the pipeline reads both through `pool.UpstreamResponse`.
-    async def open(self, path: str, body: bytes,  # type: ignore[override]
-                   headers: Mapping[str, str] | None = None) -> AnthropicResponse:
+    def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
+                stream_usage: bool) -> bytes:
+        """The Messages request for a chat completion, from the parsed body (a
+        `BadRequest` names what the Messages API cannot express: `n` > 1, a part or
+        role it has no counterpart for)."""
         if path != CHAT_PATH:
             raise BadRequest(unsupported_message(self.name, path))
-        chat = orjson.loads(body)
-        options = chat.get("stream_options")
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        request = orjson.dumps(messages_request(chat))
-        response = await super().open(self._messages_path, request, headers)
-        return AnthropicResponse(response, include_usage=include_usage)
+        return orjson.dumps(messages_request({**body, "model": model}))
+
+    # Returns the OpenAI-shaped view, not the aiohttp response the base class returns;
+    # the pipeline reads both through `pool.UpstreamResponse`. `body`: from `prepare`.
+    async def open(self, path: str, body: bytes,  # type: ignore[override]
+                   headers: Mapping[str, str] | None = None) -> AnthropicResponse:
+        response = await super().open(self._messages_path, body, headers)
+        # The gateway asks every stream for its usage; the relay strips that chunk
+        # again when the client did not ask for it.
+        return AnthropicResponse(response, include_usage=True)
 
 
 def unsupported_message(backend: str, path: str) -> str:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 
+from gateway.api.rewrite import upstream_body
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
 from gateway.upstream.tls import tls_context
@@ -102,6 +104,15 @@ class OpenAIUpstream:
             await self._closing
         if self._client is not None:
             await self._client.close()
+
+    def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
+                stream_usage: bool) -> bytes:
+        """The bytes to send for a request (`raw`, parsed as `body`) to this backend's
+        `model`, made before the attempt starts: the client's bytes with `model`
+        changed, and `stream_options.include_usage` when `stream_usage`. An adapter whose
+        API cannot express the request raises `BadRequest` here, before anything is
+        sent or counted, and the pipeline moves on to the next candidate."""
+        return upstream_body(raw, body, model, add_include_usage=stream_usage)
 
     async def open(self, path: str, body: bytes,
                    headers: Mapping[str, str] | None = None) -> Http1Response:

@@ -53,3 +53,19 @@ async def test_a_fallback_from_anthropic_is_counted(
 
     fallbacks = await _samples(gateway, "routegate_fallbacks_total")
     assert fallbacks == {("from_backend=claude", "route=chat", "to_backend=gpt"): 1.0}
+
+
+async def test_a_candidate_that_cannot_express_the_request_is_no_attempt(
+        anthropic_upstream: FakeAnthropic, start_upstream: StartUpstream,
+        start_gateway: StartGateway) -> None:
+    gpt = await start_upstream()
+    gateway = await start_gateway(anthropic_policy(anthropic_upstream.url, gpt.url))
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.url + "/v1/chat/completions", json={**CHAT, "n": 2}) as response:
+        assert response.status == 200
+        assert response.headers["x-routegate-route"] == "gpt/gpt-4o-mini"
+
+    # skipped before its attempt began: no fallback from it, never in flight
+    assert await _samples(gateway, "routegate_fallbacks_total") == {}
+    in_flight = await _samples(gateway, "routegate_in_flight")
+    assert ("backend=claude",) not in in_flight and in_flight[("backend=gpt",)] == 0.0
