@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.api.anthropic_translate import EventEncoder, chat_request, message
 from gateway.app import create_app
-from gateway.fast_lane import GatewayRunner
+from gateway.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.sse import SseRelay
 from gateway.upstream.anthropic_translate import (

@@ -106,6 +106,14 @@ class PayloadTooLarge(GatewayError):
     type = "invalid_request_error"
 
 
+class RequestLineTooLong(GatewayError):
+    """431: the request line or a header line is over the HTTP parser's limit."""
+
+    status = 431
+    code = "request_header_too_large"
+    type = "invalid_request_error"
+
+
 class RateLimited(GatewayError):
     """429; the limiter attaches `Retry-After` and `x-ratelimit-*` through `headers`."""
 

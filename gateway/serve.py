@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.fast_lane import GatewayRunner
+from gateway.runner import GatewayRunner
 from gateway.settings import Settings, default_policy_path
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError

@@ -11,7 +11,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app import create_app
-from gateway.fast_lane import GatewayRunner
+from gateway.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.service import Telemetry

@@ -1,4 +1,17 @@
-"""`GatewayRunner`: an `AppRunner` whose server finds fixed-path routes by a dict lookup.
+"""`GatewayRunner`: the `AppRunner` routegate serves with (`routegate serve`, the tests).
+
+Two things differ from aiohttp's own runner:
+
+- **Fixed-path routes by a dict lookup** (`FixedPaths`, below).
+- **Malformed HTTP gets an OpenAI-shaped answer, and nothing of it is logged**
+  (`_RequestHandler`). aiohttp answers a request it cannot parse (a header line over
+  8,190 bytes, a control character in a header, bad chunking) in plain text quoting
+  the offending bytes, and logs them with a traceback at ERROR — an `Authorization`
+  line with one stray byte put its API key in the log. Here the client gets a JSON
+  error naming the kind of fault (431 for a line too long, 400 otherwise) and the log
+  one line with the exception's class, never its text.
+
+Fixed paths:
 
 aiohttp's `Application` resolves every request through its router, builds (or looks
 up) the middleware chain for the match and freezes a fresh match info: ~8 µs of a
@@ -18,14 +31,20 @@ needed for them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import cast
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import MatchedSubAppResource, PlainResource, UrlMappingMatchInfo
 
+from gateway.errors import BadRequest, GatewayError, InternalError, RequestLineTooLong
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger("routegate.server")
 
 
 class GatewayRunner(web.AppRunner):
@@ -35,7 +54,49 @@ class GatewayRunner(web.AppRunner):
         server = await super()._make_server()
         # Connections read `request_handler` when they open: none has opened yet.
         server.request_handler = FixedPaths(self.app, server.request_handler)
+        # The app built the server; only the class of its connections' protocol changes.
+        server.__class__ = _Server
         return server
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _RequestHandler(RequestHandler):
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp could not parse (4xx) or a failure outside the app's error
+        middleware (500). The connection closes after it, as aiohttp's own does."""
+        if request.writer.output_size > 0:  # the response has begun: nothing to add
+            raise ConnectionError("the response has begun; the connection is dropped")
+        error = _error_for(status, exc)
+        if isinstance(error, InternalError):
+            log.error("unhandled error outside the app: %s", type(exc).__name__,
+                      exc_info=exc)
+        else:  # the exception's text quotes the request's bytes: only its class
+            log.info("malformed HTTP request from %s: %s", request.remote,
+                     type(exc).__name__ if exc is not None else status)
+        response = error.to_response()
+        response.force_close()
+        return response
+
+
+def _error_for(status: int, exc: BaseException | None) -> GatewayError:
+    if status >= 500 or not isinstance(exc, BadHttpMessage):
+        return InternalError("The gateway failed to process the request; it has been "
+                             "logged.")
+    if isinstance(exc, LineTooLong):
+        return RequestLineTooLong("The request line or one of its headers is longer than "
+                                  "the gateway accepts (8,190 bytes).")
+    if isinstance(exc, BadHttpMethod):
+        return BadRequest("The request method is not valid HTTP.", code="invalid_http")
+    return BadRequest(f"The request is not valid HTTP/1.1 ({type(exc).__name__}).",
+                      code="invalid_http")
 
 
 class FixedPaths:
