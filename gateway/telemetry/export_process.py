@@ -32,6 +32,7 @@ from gateway.telemetry.span_frames import (
     CONFIG,
     DROPPED,
     EOF,
+    EXPORTED,
     FLUSH,
     RECORDS,
     TOKEN,
@@ -117,16 +118,23 @@ def serve(sock: socket.socket, post: Any = None) -> int:
         log.error("trace exporter: expected a config frame, got %r", kind)
         return 2
     exporter = Exporter(pickle.loads(payload), post)
-    reported = 0  # failed spans the gateway has been told about
+    reported_failed = reported_exported = 0  # what the gateway has been told
 
     def report_failures() -> None:
-        nonlocal reported
-        if exporter.failed > reported:
-            try:
-                sock.sendall(frame(DROPPED, TOKEN.pack(exporter.failed - reported)))
-            except OSError:  # the gateway has gone: nobody left to tell
-                return
-            reported = exporter.failed
+        """Tell the gateway what is done with: failed (dropped) and exported spans."""
+        nonlocal reported_failed, reported_exported
+        reports = b""
+        if exporter.failed > reported_failed:
+            reports += frame(DROPPED, TOKEN.pack(exporter.failed - reported_failed))
+        if exporter.exported > reported_exported:
+            reports += frame(EXPORTED, TOKEN.pack(exporter.exported - reported_exported))
+        if not reports:
+            return
+        try:
+            sock.sendall(reports)
+        except OSError:  # the gateway has gone: nobody left to tell
+            return
+        reported_failed, reported_exported = exporter.failed, exporter.exported
 
     while True:
         kind, payload = frames.next(exporter.due_in())

@@ -8,6 +8,9 @@ Each way, a frame is a 5-byte head (payload length, kind) and the payload:
     A  ack: the same token, back to the gateway
     D  dropped: 8-byte count, back to the gateway: spans the collector refused or
        that could not be sent within the timeout (the gateway counts them)
+    E  exported: 8-byte count, back to the gateway: spans the collector took. With D,
+       what the exporter process is done with; what it was sent and is not done with
+       when it dies is lost, and the gateway counts that as dropped too
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import socket
 import struct
 
 HEAD = struct.Struct("<IB")
-CONFIG, RECORDS, FLUSH, ACK, DROPPED = b"C"[0], b"R"[0], b"F"[0], b"A"[0], b"D"[0]
+CONFIG, RECORDS, FLUSH, ACK, DROPPED, EXPORTED = (
+    b"C"[0], b"R"[0], b"F"[0], b"A"[0], b"D"[0], b"E"[0])
 TOKEN = struct.Struct("<Q")
 _READ_BYTES = 1 << 20
 EOF = -1

@@ -45,6 +45,7 @@ from gateway.telemetry.span_frames import (
     ACK,
     CONFIG,
     DROPPED,
+    EXPORTED,
     FLUSH,
     HEAD,
     RECORDS,
@@ -92,6 +93,9 @@ class SpanPipe(SpanProcessor):
         self._dropped_queued = 0  # by the request path (one thread: the event loop's)
         self._dropped_handed = 0  # by hand-offs (under the lock)
         self._dropped_exporting = 0  # reported by the exporter process (under the lock)
+        # Sent to the running exporter process and not yet reported exported or dropped:
+        # lost, and counted as dropped, if it dies (under the lock)
+        self._in_exporter = 0
         self._warned_at = -float("inf")
         self._lock = threading.Lock()  # the socket and the process
         self._wake = threading.Event()
@@ -142,6 +146,11 @@ class SpanPipe(SpanProcessor):
         queue = self._queue
         size = len(queue)
         if not size:
+            process = self.process
+            if process is not None and process.poll() is not None:
+                with self._lock:  # died idle: count what it held now, not at the next span
+                    if self.process is process:
+                        self._gone()
             return
         items = [queue.popleft() for _ in range(size)]
         with self._lock:
@@ -152,16 +161,23 @@ class SpanPipe(SpanProcessor):
             if self._sock is None:
                 self._drop(sum(spans for spans, _ in items), "the exporter process has gone")
                 return
-            if not self._send(frame(RECORDS, b"".join([data for _, data in items]))):
-                self._drop(sum(spans for spans, _ in items), "the exporter process is behind")
+            spans = sum(spans for spans, _ in items)
+            if self._send(frame(RECORDS, b"".join([data for _, data in items]))):
+                self._in_exporter += spans
+            else:
+                self._drop(spans, "the exporter process is behind")
 
     def _read_replies(self) -> None:
         """Read what the exporter process has said (under the lock): flush acks, and the
         spans it could not export, which count as dropped."""
         sock = self._sock
-        if sock is None:
-            return
-        replies = self._replies
+        if sock is not None and not self._take_reports(sock):
+            self._gone()
+
+    def _take_reports(self, sock: socket.socket) -> bool:
+        """Read and apply what has arrived from the exporter process; False once it has
+        closed its end."""
+        replies, open_ = self._replies, True
         while True:
             try:
                 chunk = sock.recv(4096)
@@ -170,21 +186,24 @@ class SpanPipe(SpanProcessor):
             except OSError:
                 chunk = b""
             if not chunk:
-                self._gone()
-                return
+                open_ = False
+                break
             replies += chunk
         while len(replies) >= HEAD.size:
             size, kind = HEAD.unpack_from(replies)
             if len(replies) < HEAD.size + size:
                 break
-            if kind in (ACK, DROPPED) and size == TOKEN.size:
+            if kind in (ACK, DROPPED, EXPORTED) and size == TOKEN.size:
                 value = TOKEN.unpack_from(replies, HEAD.size)[0]
                 if kind == ACK:
                     self._acked = max(self._acked, value)
-                elif value:
-                    self._dropped_exporting += value
-                    self._warn("the collector refused them or did not answer in time")
+                else:
+                    self._in_exporter = max(0, self._in_exporter - value)
+                    if kind == DROPPED and value:
+                        self._dropped_exporting += value
+                        self._warn("the collector refused them or did not answer in time")
             del replies[:HEAD.size + size]
+        return open_
 
     def _send(self, data: bytes) -> bool:
         """Write `data` whole or not at all (a partly written frame finishes first)."""
@@ -238,8 +257,12 @@ class SpanPipe(SpanProcessor):
         process, self.process = self.process, None
         self._down_since = time.monotonic()
         if self._sock is not None:
+            self._take_reports(self._sock)  # its last reports settle what it had
             self._sock.close()
             self._sock = None
+        lost, self._in_exporter = self._in_exporter, 0
+        if lost:  # handed over, never reported exported or dropped: died with it
+            self._drop(lost, "the exporter process died holding them")
         if process is not None:
             code = process.poll()
             if code is None:  # alive but its socket is not: of no use any more

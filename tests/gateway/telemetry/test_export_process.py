@@ -139,6 +139,27 @@ async def test_a_killed_exporter_process_is_logged_its_spans_counted_and_it_rest
     await asyncio.to_thread(provider.shutdown)
 
 
+async def test_spans_an_exporter_process_dies_holding_are_counted_as_dropped(
+    otlp_receiver: tuple[OtlpReceiver, str], receiver_url: str,
+) -> None:
+    receiver, _ = otlp_receiver
+    telemetry, pipe, provider = piped(receiver_url, handoff_s=3600.0, restart_after_s=3600.0,
+                                      schedule_delay_s=3600.0)
+    await scripted_request(telemetry)
+    assert await asyncio.to_thread(pipe.force_flush)  # exported and reported: not at risk
+    for _ in range(3):
+        await scripted_request(telemetry)
+    pipe.hand_off()  # handed over; the exporter holds them for its next batch
+    process = pipe.process
+    assert process is not None
+    process.kill()
+    await asyncio.to_thread(process.wait)
+    pipe.hand_off()  # nothing queued: the hand-off thread's regular turn notices
+    assert pipe.dropped_spans == telemetry.dropped_spans() == 3 * SPANS
+    assert len(receiver.spans) == SPANS
+    await asyncio.to_thread(provider.shutdown)
+
+
 async def test_a_full_socket_drops_rather_than_blocks(stalled_collector: str) -> None:
     # Batches of one request: the first export blocks the exporter process on a
     # collector that never answers; the gateway side must then drop, never wait.
