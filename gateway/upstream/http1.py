@@ -48,6 +48,7 @@ from aiohttp import (
     StreamReader,
 )
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.http import RawResponseMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -219,14 +220,18 @@ class Http1Client:
             transport = protocol.transport
             if transport is None:
                 raise ClientConnectionError("connection closed before the request was sent")
+            early = None
             if len(body) > LARGE_BODY_BYTES:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n" % (head, extra, len(body)))
-                await _write_with_flow_control(protocol, response, body)
+                early = await _write_with_flow_control(protocol, response, body)
             else:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n%b"
                                 % (head, extra, len(body), body))
-            protocol.start_timeout()  # first_byte_s runs from the end of the writing
-            message, payload = await protocol.read()
+            if early is None:
+                protocol.start_timeout()  # first_byte_s runs from the end of the writing
+                message, payload = await protocol.read()
+            else:
+                message, payload = early
         except BaseException:
             response.close()
             raise
@@ -315,26 +320,53 @@ class Http1Client:
         self._idle.clear()
 
 
-async def _write_with_flow_control(protocol: ResponseHandler, response: Http1Response,
-                                   body: bytes) -> None:
+async def _write_with_flow_control(
+        protocol: ResponseHandler, response: Http1Response, body: bytes,
+) -> tuple[RawResponseMessage, StreamReader] | None:
     """Write `body` a slice at a time; whenever the transport pauses writing (its buffer
     over the high-water mark), wait until it drains, as aiohttp's own writer does
-    (`BaseProtocol._drain_helper`). `total_s` ends a wait: `_expire` aborts the
-    connection, which wakes it."""
+    (`BaseProtocol._drain_helper`) — or until the backend answers without reading the
+    rest (a 413, say, on a connection it keeps open): that answer is returned, and the
+    connection, half a body behind, is not used again. `total_s` ends a wait:
+    `_expire` aborts the connection, which wakes it."""
     view = memoryview(body)
     for start in range(0, len(view), WRITE_SLICE_BYTES):
         transport = protocol.transport
         if transport is None:
             # Closed by the backend: `read()` gives its answer (one sent before it
             # stopped reading) or says why there is none.
-            return
+            return None
         transport.write(view[start:start + WRITE_SLICE_BYTES])
         if protocol.writing_paused:
-            with contextlib.suppress(ConnectionError):  # the case above, seen next turn
-                await protocol._drain_helper()
+            answered = await _drained_or_answered(protocol)
+            if answered is not None:
+                protocol.force_close()
+                return answered
             if response._client is None:  # `_expire` finished the response meanwhile
                 raise ServerTimeoutError("Total timeout: the backend did not read the "
                                          "request body in time")
+    return None
+
+
+async def _drained_or_answered(
+        protocol: ResponseHandler) -> tuple[RawResponseMessage, StreamReader] | None:
+    """Wait for the transport to drain; the backend's answer if it comes first."""
+    draining = asyncio.ensure_future(protocol._drain_helper())
+    reading = asyncio.ensure_future(protocol.read())
+    try:
+        await asyncio.wait((draining, reading), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (draining, reading):
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await waiter
+    if reading.done() and not reading.cancelled() and reading.exception() is None:
+        return reading.result()
+    if draining.done() and not draining.cancelled():
+        with contextlib.suppress(ConnectionError):  # closed: `read()` says why, next
+            draining.result()
+    return None
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

@@ -23,7 +23,8 @@ class SlowBackend:
     256 KiB steps with a pause after each, the rest at once, and answers with the body's
     length and the number of distinct byte values; "stall" reads only the head and never
     the body, until `release` is set, then counts what arrives before the connection
-    ends."""
+    ends; "early" reads only the head and answers 413 at once, keeping the connection
+    open without reading the body until `release` is set."""
 
     def __init__(self, script: list[str], pause_s: float = 0.015) -> None:
         self.script = script
@@ -51,6 +52,13 @@ class SlowBackend:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                if action == "early":
+                    refusal = b'{"error": {"message": "too large"}}'
+                    writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: %d\r\n"
+                                 b"\r\n%b" % (len(refusal), refusal))
+                    await writer.drain()
+                    await self.release.wait()
+                    return
                 if action == "stall":
                     await self.release.wait()
                     self.stalled_got.set_result(await _read_to_the_end(reader))
@@ -177,4 +185,24 @@ async def test_a_request_cancelled_while_its_body_is_written_drops_the_connectio
     response = await client.post("/x", b"{}")
     assert orjson.loads(await response.read()) == {"length": 2, "values": 2}
     response.release()
+    await client.close()
+
+
+async def test_a_backend_that_answers_before_reading_the_body_is_heard_at_once(
+        backends: list[SlowBackend]) -> None:
+    # A 413 on a connection the backend keeps open: its answer is the response, not a
+    # wait for `total_s` on a body nobody reads; the connection is not used again.
+    backend = SlowBackend(["early", "slow"])
+    backends.append(backend)
+    client = Http1Client(await backend.start(), max_connections=1,
+                         timeouts=Timeouts(connect_s=2.0, first_byte_s=30.0, total_s=60.0))
+    response = await asyncio.wait_for(client.post("/x", large_body(32 * MIB)), 10.0)
+    assert response.status == 413
+    assert orjson.loads(await response.read()) == {"error": {"message": "too large"}}
+    response.release()
+    backend.release.set()
+    response = await client.post("/x", b"{}")  # on a new connection
+    assert orjson.loads(await response.read()) == {"length": 2, "values": 2}
+    response.release()
+    assert backend.connections == 2
     await client.close()
