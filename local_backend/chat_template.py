@@ -23,11 +23,26 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+TEXT_PARTS = frozenset({"text", "input_text"})
+
+
 def _flatten(content: Any) -> Any:
-    """OpenAI content parts [{"type": "text", "text": ...}] → one string; other shapes unchanged."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else content
+    """OpenAI content parts [{"type": "text", "text": ...}] → one string; other shapes
+    unchanged. The models read text only: an image, audio or file part is refused
+    rather than dropped, so no caller believes the model saw it."""
+    if not isinstance(content, list):
+        return "" if content is None else content
+    texts = []
+    for part in content:
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind not in TEXT_PARTS:
+            raise ChatTemplateError(f"content parts of type {kind!r} cannot be sent to "
+                                    "this model: it reads text only")
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            raise ChatTemplateError("each content part must be an object with a 'text' "
+                                    "string")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 class ChatTemplate:

@@ -54,6 +54,21 @@ def test_chat_template_renders_chatml_with_content_parts(tokenizer: Tokenizer) -
                     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    ([{"type": "text", "text": "Look: "}, {"type": "image_url", "image_url": {"url": "x"}}],
+     "type 'image_url' cannot be sent to this model"),
+    ([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
+     "type 'input_audio' cannot be sent"),
+    (["just a string"], "must be an object with a 'text' string"),
+    ([{"type": "text", "text": 3}], "must be an object with a 'text' string"),
+], ids=["image", "audio", "bare-string", "text-not-a-string"])
+def test_a_part_the_model_cannot_read_is_refused_not_dropped(content: list[object],
+                                                             message: str) -> None:
+    template = ChatTemplate(None, bos_token=None, eos_token=None)
+    with pytest.raises(ChatTemplateError, match=message):
+        template.render([{"role": "user", "content": content}])
+
+
 def test_template_raise_exception_becomes_a_chat_template_error() -> None:
     template = ChatTemplate(
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"

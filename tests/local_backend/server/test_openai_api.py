@@ -159,6 +159,8 @@ async def test_unknown_model_is_an_openai_shaped_404(serve: ServeFactory) -> Non
     {"messages": CHAT, "top_logprobs": 2},  # without logprobs: true it would do nothing
     {"messages": CHAT, "stream": "false"},  # a string, which bool() would read as true
     {"messages": CHAT, "logprobs": 1},
+    {"messages": [{"role": "user", "content": [  # text-only models: refused, not dropped
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
 ])
 async def test_bad_request_is_an_openai_shaped_400(serve: ServeFactory, body: dict) -> None:
     served = await serve()
