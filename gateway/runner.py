@@ -79,8 +79,10 @@ class _RequestHandler(RequestHandler):
             log.error("unhandled error outside the app: %s", type(exc).__name__,
                       exc_info=exc)
         else:  # the exception's text quotes the request's bytes: only its class
-            log.info("malformed HTTP request from %s: %s", request.remote,
-                     type(exc).__name__ if exc is not None else status)
+            # (not HTTP at all, e.g. TLS to this plain port, is common noise: debug)
+            level = logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO
+            log.log(level, "malformed HTTP request from %s: %s", request.remote,
+                    type(exc).__name__ if exc is not None else status)
         response = error.to_response()
         response.force_close()
         return response
