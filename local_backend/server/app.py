@@ -20,7 +20,13 @@ from local_backend.engine.sampler import TokenLogprob
 from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request, error_middleware
 from local_backend.server.metrics import BackendMetrics
-from local_backend.server.protocol import ParsedRequest, ResponseBuilder, parse
+from local_backend.server.protocol import (
+    ParsedRequest,
+    ResponseBuilder,
+    choice_params,
+    combined,
+    parse,
+)
 from local_backend.server.timing import (
     SpanRecorder,
     inbound_context,
@@ -151,24 +157,33 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         raise bad_request(f"'logit_bias' token ids must be in [0, {vocab})", "logit_bias")
     prompt_ids = await _prompt_ids(b, req)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    # each choice is its own sequence (the prompt's blocks are shared by prefix caching)
+    choice_ids = [request_id] if req.n == 1 else [f"{request_id}-{i}" for i in range(req.n)]
+    queues: list[asyncio.Queue[RequestOutput]] = []
     try:
-        outputs = engine.add_request(request_id, prompt_ids, req.params, arrival=arrival)
-    except QueueFull as exc:
-        raise ApiError(429, f"the server is busy: {exc}", type_="rate_limit_error",
-                       code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
-    except RequestRejected as exc:
+        for index, choice_id in enumerate(choice_ids):
+            queues.append(engine.add_request(choice_id, prompt_ids,
+                                             choice_params(req.params, index), arrival=arrival))
+    except (QueueFull, RequestRejected) as exc:
+        for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
+            engine.abort(choice_id)
+        if isinstance(exc, QueueFull):
+            raise ApiError(429, f"the server is busy: {exc}", type_="rate_limit_error",
+                           code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
         raise ApiError(400, str(exc), code="context_length_exceeded",
                        param="messages" if chat else "prompt") from exc
     builder = ResponseBuilder(request_id, b.model_name, chat=chat, tokenizer=engine.tokenizer)
     parent = inbound_context(request.headers)
     try:
         if req.stream:
-            response = await _stream(request, b, req, builder, outputs)
+            response = await _stream(request, b, req, builder, queues)
         else:
-            response = await _complete(b, builder, outputs)
+            response = await _complete(b, builder, queues)
     finally:
         if builder.final is None:  # cancelled, client gone, or failed: free the blocks now
-            engine.abort(request_id)
+            for choice_id in choice_ids:
+                engine.abort(choice_id)
     b.spans.record(parent, "local_backend.request", builder.final, builder.end,
                    {"gen_ai.request.model": b.model_name,
                     "gen_ai.operation.name": "chat" if chat else "text_completion"})
@@ -199,8 +214,21 @@ def _finish(b: Backend, builder: ResponseBuilder, final: RequestOutput) -> dict[
 
 
 async def _complete(
-    b: Backend, builder: ResponseBuilder, outputs: asyncio.Queue[RequestOutput]
+    b: Backend, builder: ResponseBuilder, queues: list[asyncio.Queue[RequestOutput]]
 ) -> web.Response:
+    choices = await asyncio.gather(*(_collect(b, outputs) for outputs in queues))
+    for _, last, _ in choices:
+        if last.finish_reason in ENGINE_FAILURES:
+            raise engine_failure(last.finish_reason)
+    metrics = _finish(b, builder, combined(builder.id, [last for _, last, _ in choices]))
+    body = builder.full(list(choices), builder.final or choices[0][1], metrics)
+    return web.Response(body=orjson.dumps(body), content_type="application/json",
+                        headers={"Server-Timing": server_timing(metrics)})
+
+
+async def _collect(b: Backend, outputs: asyncio.Queue[RequestOutput],
+                   ) -> tuple[str, RequestOutput, list[TokenLogprob]]:
+    """One choice, whole: its text, its final output and its logprobs."""
     parts: list[str] = []
     lps: list[TokenLogprob] = []
     last_time: list[float] = []
@@ -209,19 +237,12 @@ async def _complete(
             parts.append(out.text)
             lps.extend(out.logprobs)
             if out.finished:
-                if out.finish_reason in ENGINE_FAILURES:
-                    raise engine_failure(out.finish_reason)
-                metrics = _finish(b, builder, out)
-                body = builder.full("".join(parts), out, lps, metrics)
-                return web.Response(
-                    body=orjson.dumps(body), content_type="application/json",
-                    headers={"Server-Timing": server_timing(metrics)},
-                )
+                return "".join(parts), out, lps
 
 
 async def _stream(
     request: web.Request, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
-    outputs: asyncio.Queue[RequestOutput],
+    queues: list[asyncio.Queue[RequestOutput]],
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -229,7 +250,10 @@ async def _stream(
     })
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError):  # client gone: the caller aborts
-        await _relay(response, b, req, builder, outputs)
+        if len(queues) == 1:
+            await _relay(response, b, req, builder, queues[0])
+        else:
+            await _relay_choices(response, b, req, builder, queues)
     return response
 
 
@@ -265,5 +289,59 @@ async def _relay(
                     await send(builder.usage_chunk(final, metrics))
                 break
             await send(chunk)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+async def _relay_choices(
+    response: web.StreamResponse, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
+    queues: list[asyncio.Queue[RequestOutput]],
+) -> None:
+    """`n` > 1: each choice's chunks as they come, tagged with its index; the request's
+    usage and metrics once the last choice has finished."""
+    async def send(obj: dict[str, Any]) -> None:
+        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    if req.chat:
+        for index in range(len(queues)):
+            await send(builder.chunk(None, first=True, index=index))
+    finals: list[RequestOutput | None] = [None] * len(queues)
+    last_time: list[list[float]] = [[] for _ in queues]
+    waiting = {asyncio.ensure_future(outputs.get()): i for i, outputs in enumerate(queues)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for got in done:
+                index = waiting.pop(got)
+                out = got.result()
+                if out.token_ids:
+                    if last_time[index]:
+                        b.metrics.itl.observe(max(out.time - last_time[index][0], 0.0))
+                    last_time[index][:] = [out.time]
+                if out.finished and out.finish_reason in ENGINE_FAILURES:
+                    await send({"error": engine_failure(out.finish_reason).body()})
+                    await response.write(b"data: [DONE]\n\n")
+                    await response.write_eof()
+                    return
+                if not out.finished:
+                    waiting[asyncio.ensure_future(queues[index].get())] = index
+                    if out.text or out.logprobs:
+                        await send(builder.chunk(out, index=index))
+                    continue
+                finals[index] = out
+                chunk = builder.chunk(out, index=index)
+                if any(final is None for final in finals):
+                    await send(chunk)
+                    continue
+                final = combined(builder.id, [f for f in finals if f is not None])
+                metrics = _finish(b, builder, final)
+                if not req.include_usage:
+                    chunk["metrics"] = metrics
+                await send(chunk)
+                if req.include_usage:
+                    await send(builder.usage_chunk(final, metrics))
+    finally:
+        for got in waiting:
+            got.cancel()
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from local_backend.engine.loop import RequestOutput
 from local_backend.engine.sampler import TokenLogprob
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.sequence import SamplingParams, Timings
 from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import bad_request
 from local_backend.tokenizer import Tokenizer
@@ -16,6 +16,7 @@ from local_backend.tokenizer import Tokenizer
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy default for /v1/completions
 MAX_LOGPROBS = 20  # alternatives per token; more is a 400, as with OpenAI (not silently fewer)
+MAX_CHOICES = 16  # `n`: each choice is a sequence in the running batch
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     echo_logprobs: bool  # chat-style logprobs (chat) or legacy (completions)
+    n: int = 1  # choices, each generated as its own sequence from the same prompt
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -75,8 +77,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
     d = defaults or GenerationConfig()
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    if _int(body, "n", 1, 1) != 1:
-        raise bad_request("only n=1 is supported", "n")
+    n = int(_int(body, "n", 1, 1, MAX_CHOICES) or 1)
     stop = body.get("stop")
     # A list only: tuple() of a number raises (a 500), and of an object takes its keys.
     listed: list[Any] = stop if isinstance(stop, list) else [] if stop is None else [None]
@@ -138,7 +139,49 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         params=params, stream=_flag(body, "stream"),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         echo_logprobs=logprobs is not None,
+        n=n,
     )
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The sampling of choice `index`: with a seed, its own (seed + index), so the choices
+    differ and each is reproducible on its own (choice i of a seeded request is what
+    `n: 1` with seed + i gives)."""
+    if index == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + index)
+
+
+def combined(request_id: str, finals: list[RequestOutput]) -> RequestOutput:
+    """One request's final output from its choices' (`n` > 1): the prompt counted once,
+    completion tokens and preemptions summed, and its instants spanning them all (queued
+    from the earliest arrival, first token the earliest, last token the latest)."""
+    if len(finals) == 1:
+        return finals[0]
+    timings = [f.timings for f in finals if f.timings is not None]
+
+    def earliest(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
+    def latest(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    span = Timings(
+        arrival=min(t.arrival for t in timings),
+        first_scheduled=earliest([t.first_scheduled for t in timings]),
+        first_token=earliest([t.first_token for t in timings]),
+        last_token=latest([t.last_token for t in timings]),
+        finished=latest([t.finished for t in timings]),
+    ) if timings else None
+    last = max(finals, key=lambda f: f.time)
+    return RequestOutput(
+        request_id=request_id, text="", token_ids=[],
+        time=last.time, finished=True, finish_reason=last.finish_reason,
+        prompt_tokens=finals[0].prompt_tokens, cached_tokens=finals[0].cached_tokens,
+        completion_tokens=sum(f.completion_tokens for f in finals),
+        preemptions=sum(f.preemptions for f in finals), timings=span)
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -193,23 +236,29 @@ class ResponseBuilder:
         return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
                 "created": self.created, "model": self.model}
 
-    def full(self, text: str, final: RequestOutput, lps: list[TokenLogprob],
-             metrics: dict[str, Any]) -> dict[str, Any]:
-        logprobs = logprobs_body(self.tokenizer, lps, chat=self.chat)
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
-                                  "finish_reason": final.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return {**self._envelope(False), "choices": [choice], "usage": usage(final),
+    def full(self, choices: list[tuple[str, RequestOutput, list[TokenLogprob]]],
+             final: RequestOutput, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The whole response: (text, final output, logprobs) per choice, in order;
+        `final`: the request's (`combined`)."""
+        shaped = []
+        for index, (text, last, lps) in enumerate(choices):
+            choice: dict[str, Any] = {
+                "index": index, "logprobs": logprobs_body(self.tokenizer, lps, chat=self.chat),
+                "finish_reason": last.finish_reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            shaped.append(choice)
+        return {**self._envelope(False), "choices": shaped, "usage": usage(final),
                 "metrics": metrics}
 
-    def chunk(self, output: RequestOutput | None, *, first: bool = False) -> dict[str, Any]:
+    def chunk(self, output: RequestOutput | None, *, first: bool = False,
+              index: int = 0) -> dict[str, Any]:
         text = output.text if output is not None else ""
         reason = output.finish_reason if output is not None else None
         lps = output.logprobs if output is not None else []
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs_body(
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs_body(
             self.tokenizer, lps, chat=self.chat), "finish_reason": reason}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": ""} if first else (
