@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +206,35 @@ async def _next_batch(
     return batch
 
 
+async def _choice_batches(
+    b: Backend, queues: list[asyncio.Queue[RequestOutput]],
+) -> AsyncGenerator[tuple[int, list[RequestOutput]], None]:
+    """(choice index, batch of its outputs) as they come, until every choice has ended.
+    One choice (`n` = 1, the usual case) is read directly, without a task per batch."""
+    last_times: list[list[float]] = [[] for _ in queues]
+    if len(queues) == 1:
+        while True:
+            batch = await _next_batch(b, queues[0], last_times[0])
+            yield 0, batch
+            if batch[-1].finished:
+                return
+    waiting = {asyncio.ensure_future(_next_batch(b, outputs, last_times[i])): i
+               for i, outputs in enumerate(queues)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for got in done:
+                index = waiting.pop(got)
+                batch = got.result()
+                if not batch[-1].finished:
+                    waiting[asyncio.ensure_future(
+                        _next_batch(b, queues[index], last_times[index]))] = index
+                yield index, batch
+    finally:
+        for got in waiting:
+            got.cancel()
+
+
 def _finish(b: Backend, builder: ResponseBuilder, final: RequestOutput) -> dict[str, Any]:
     end = b.engine.clock()
     metrics = request_metrics(final, end)
@@ -216,28 +246,26 @@ def _finish(b: Backend, builder: ResponseBuilder, final: RequestOutput) -> dict[
 async def _complete(
     b: Backend, builder: ResponseBuilder, queues: list[asyncio.Queue[RequestOutput]]
 ) -> web.Response:
-    choices = await asyncio.gather(*(_collect(b, outputs) for outputs in queues))
-    for _, last, _ in choices:
-        if last.finish_reason in ENGINE_FAILURES:
-            raise engine_failure(last.finish_reason)
-    metrics = _finish(b, builder, combined(builder.id, [last for _, last, _ in choices]))
-    body = builder.full(list(choices), builder.final or choices[0][1], metrics)
+    texts: list[list[str]] = [[] for _ in queues]
+    lps: list[list[TokenLogprob]] = [[] for _ in queues]
+    ended: list[RequestOutput | None] = [None] * len(queues)
+    async with contextlib.aclosing(_choice_batches(b, queues)) as batches:
+        async for index, batch in batches:
+            for out in batch:
+                texts[index].append(out.text)
+                lps[index].extend(out.logprobs)
+            if batch[-1].finished:
+                if batch[-1].finish_reason in ENGINE_FAILURES:
+                    raise engine_failure(batch[-1].finish_reason)
+                ended[index] = batch[-1]
+    finals = [last for last in ended if last is not None]  # every choice, once it ends
+    final = combined(builder.id, finals)
+    metrics = _finish(b, builder, final)
+    body = builder.full(
+        [("".join(t), last, lp) for t, last, lp in zip(texts, finals, lps, strict=True)],
+        final, metrics)
     return web.Response(body=orjson.dumps(body), content_type="application/json",
                         headers={"Server-Timing": server_timing(metrics)})
-
-
-async def _collect(b: Backend, outputs: asyncio.Queue[RequestOutput],
-                   ) -> tuple[str, RequestOutput, list[TokenLogprob]]:
-    """One choice, whole: its text, its final output and its logprobs."""
-    parts: list[str] = []
-    lps: list[TokenLogprob] = []
-    last_time: list[float] = []
-    while True:
-        for out in await _next_batch(b, outputs, last_time):
-            parts.append(out.text)
-            lps.extend(out.logprobs)
-            if out.finished:
-                return "".join(parts), out, lps
 
 
 async def _stream(
@@ -250,55 +278,16 @@ async def _stream(
     })
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError):  # client gone: the caller aborts
-        if len(queues) == 1:
-            await _relay(response, b, req, builder, queues[0])
-        else:
-            await _relay_choices(response, b, req, builder, queues)
+        await _relay(response, b, req, builder, queues)
     return response
 
 
 async def _relay(
     response: web.StreamResponse, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
-    outputs: asyncio.Queue[RequestOutput],
-) -> None:
-    async def send(obj: dict[str, Any]) -> None:
-        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
-    if req.chat:
-        await send(builder.chunk(None, first=True))
-    last_time: list[float] = []
-    while True:
-        batch = await _next_batch(b, outputs, last_time)
-        final = batch[-1] if batch[-1].finished else None
-        text = "".join(o.text for o in batch)
-        lps = [lp for o in batch for lp in o.logprobs]
-        if final is not None and final.finish_reason in ENGINE_FAILURES:
-            await send({"error": engine_failure(final.finish_reason).body()})
-            break
-        if text or lps or final is not None:
-            merged = RequestOutput(builder.id, text, [], time.monotonic(), logprobs=lps,
-                                   finished=final is not None,
-                                   finish_reason=final.finish_reason if final else None)
-            chunk = builder.chunk(merged)
-            if final is not None:
-                metrics = _finish(b, builder, final)
-                if not req.include_usage:
-                    chunk["metrics"] = metrics
-                await send(chunk)
-                if req.include_usage:
-                    await send(builder.usage_chunk(final, metrics))
-                break
-            await send(chunk)
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-
-
-async def _relay_choices(
-    response: web.StreamResponse, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
     queues: list[asyncio.Queue[RequestOutput]],
 ) -> None:
-    """`n` > 1: each choice's chunks as they come, tagged with its index; the request's
-    usage and metrics once the last choice has finished."""
+    """Each choice's new text as it comes, tagged with its index; the request's usage
+    and metrics with the last choice's end."""
     async def send(obj: dict[str, Any]) -> None:
         await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
 
@@ -306,42 +295,30 @@ async def _relay_choices(
         for index in range(len(queues)):
             await send(builder.chunk(None, first=True, index=index))
     finals: list[RequestOutput | None] = [None] * len(queues)
-    last_time: list[list[float]] = [[] for _ in queues]
-    waiting = {asyncio.ensure_future(outputs.get()): i for i, outputs in enumerate(queues)}
-    try:
-        while waiting:
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for got in done:
-                index = waiting.pop(got)
-                out = got.result()
-                if out.token_ids:
-                    if last_time[index]:
-                        b.metrics.itl.observe(max(out.time - last_time[index][0], 0.0))
-                    last_time[index][:] = [out.time]
-                if out.finished and out.finish_reason in ENGINE_FAILURES:
-                    await send({"error": engine_failure(out.finish_reason).body()})
-                    await response.write(b"data: [DONE]\n\n")
-                    await response.write_eof()
-                    return
-                if not out.finished:
-                    waiting[asyncio.ensure_future(queues[index].get())] = index
-                    if out.text or out.logprobs:
-                        await send(builder.chunk(out, index=index))
-                    continue
-                finals[index] = out
-                chunk = builder.chunk(out, index=index)
-                if any(final is None for final in finals):
-                    await send(chunk)
-                    continue
-                final = combined(builder.id, [f for f in finals if f is not None])
-                metrics = _finish(b, builder, final)
-                if not req.include_usage:
-                    chunk["metrics"] = metrics
+    async with contextlib.aclosing(_choice_batches(b, queues)) as batches:
+        async for index, batch in batches:
+            final = batch[-1] if batch[-1].finished else None
+            if final is not None and final.finish_reason in ENGINE_FAILURES:
+                await send({"error": engine_failure(final.finish_reason).body()})
+                break
+            text = "".join(o.text for o in batch)
+            lps = [lp for o in batch for lp in o.logprobs]
+            if not (text or lps or final is not None):
+                continue
+            merged = RequestOutput(builder.id, text, [], time.monotonic(), logprobs=lps,
+                                   finished=final is not None,
+                                   finish_reason=final.finish_reason if final else None)
+            chunk = builder.chunk(merged, index=index)
+            finals[index] = final
+            if final is None or any(f is None for f in finals):
                 await send(chunk)
-                if req.include_usage:
-                    await send(builder.usage_chunk(final, metrics))
-    finally:
-        for got in waiting:
-            got.cancel()
+                continue
+            request_final = combined(builder.id, [f for f in finals if f is not None])
+            metrics = _finish(b, builder, request_final)
+            if not req.include_usage:
+                chunk["metrics"] = metrics
+            await send(chunk)
+            if req.include_usage:
+                await send(builder.usage_chunk(request_final, metrics))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()

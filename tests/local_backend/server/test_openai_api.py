@@ -100,21 +100,23 @@ async def test_timings_obey_the_contract_under_load(serve: ServeFactory) -> None
         assert m["completion_tokens"] == 8 and m["preemptions"] == 0
 
 
+@pytest.mark.parametrize("n", [1, 3])
 async def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
-    serve: ServeFactory,
+    serve: ServeFactory, n: int,
 ) -> None:
     served = await serve(num_blocks=256)
     async with aiohttp.ClientSession() as http:
         resp = await http.post(served.url + "/completions", json={
-            "prompt": "a long one", "max_tokens": 400, "stream": True, "ignore_eos": True})
+            "prompt": "a long one", "max_tokens": 400, "n": n, "stream": True,
+            "ignore_eos": True})
         await resp.content.readline()  # the first token is out: the request holds blocks
         assert served.engine.blocks.num_free < served.engine.blocks.num_blocks
         resp.close()
     for _ in range(400):
-        if served.engine.stats().aborted == 1:
+        if served.engine.stats().aborted == n:  # every choice
             break
         await asyncio.sleep(0.005)
-    assert served.engine.stats().aborted == 1
+    assert served.engine.stats().aborted == n
     assert served.engine.blocks.num_free == served.engine.blocks.num_blocks
 
 
