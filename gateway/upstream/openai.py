@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.api.rewrite import upstream_body
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
+from gateway.upstream.rewrite import upstream_body
 from gateway.upstream.tls import tls_context
 from policies.schema import Backend
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.api.rewrite import upstream_body
+from gateway.upstream.rewrite import upstream_body
 
 
 def _rewrite(raw: bytes, name: str = "gpt-4o-mini", usage: bool = False) -> bytes:
