@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from gateway.server_timing import ServerTiming
+from gateway.whole_response import WholeResponse
 
 log = logging.getLogger("routegate.errors")
 
@@ -61,9 +62,9 @@ class GatewayError(Exception):
         return {"error": {"message": self.client_message, "type": self.type,
                           "code": self.code, "param": self.param}}
 
-    def to_response(self) -> web.Response:
-        return web.Response(status=self.status, body=orjson.dumps(self.body()),
-                            content_type="application/json", headers=self.headers)
+    def to_response(self) -> WholeResponse:
+        return WholeResponse(status=self.status, body=orjson.dumps(self.body()),
+                             headers={**self.headers, "Content-Type": "application/json"})
 
 
 class BadRequest(GatewayError):

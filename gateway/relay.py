@@ -21,6 +21,7 @@ from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
 from gateway.upstream.pool import UpstreamResponse
+from gateway.whole_response import WholeResponse
 
 # A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
 # parsed: only its `usage` object is picked out of the bytes (`usage_of`).
@@ -30,7 +31,7 @@ _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cac
                    "X-Accel-Buffering": "no"}
 
 
-async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Response:
+async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeResponse:
     name = ctx.target.backend_name if ctx.target else "?"
     try:
         data = await response.read()
@@ -68,7 +69,7 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> web.Res
     for header in PASSTHROUGH_HEADERS:
         if header in response.headers:
             headers[header] = response.headers[header]
-    return web.Response(status=status, body=data, headers=headers)
+    return WholeResponse(status=status, body=data, headers=headers)
 
 
 async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.StreamResponse:

@@ -31,6 +31,7 @@ from gateway.context import Endpoint
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
 from gateway.pipeline import read_limited
 from gateway.routing_hook import ROUTING
+from gateway.whole_response import WholeResponse
 
 log = logging.getLogger("routegate.api.anthropic")
 
@@ -51,9 +52,9 @@ MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=Message
 
 
 def _json(body: object, status: int = 200, headers: dict[str, str] | None = None,
-          ) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body),
-                        content_type="application/json", headers=headers)
+          ) -> WholeResponse:
+    return WholeResponse(status=status, body=orjson.dumps(body),
+                         headers={**(headers or {}), "Content-Type": "application/json"})
 
 
 def anthropic_errors(handler: Handler) -> Handler:
@@ -80,9 +81,9 @@ def anthropic_errors(handler: Handler) -> Handler:
 @anthropic_errors
 async def create_message(request: web.Request) -> web.StreamResponse:
     response = await request.app[PIPELINE].handle(request, MESSAGES)
-    if response.prepared or not isinstance(response, web.Response):
+    if response.prepared or not isinstance(response, WholeResponse):
         return response  # streamed: already re-encoded as Messages events
-    data = response.body if isinstance(response.body, bytes) else b""
+    data = response.body
     request_id = response.headers.get("X-Request-Id", "")
     headers = {name: value for name, value in response.headers.items()
                if name.lower() not in ("content-type", "content-length")}
