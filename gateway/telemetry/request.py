@@ -62,7 +62,7 @@ class RequestTelemetry:
             attributes={a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path,
                         a.RG_REQUEST_ID: request_id},
             children=telemetry.children,
-        )
+        ) if telemetry.traced else RequestTrace.untraced(headers)
         self.request_id, self.method, self.path = request_id, method, path
         self.record_content = record_content
         self.tenant: str | None = None

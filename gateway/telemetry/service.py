@@ -35,6 +35,8 @@ class Telemetry:
         # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
         self.provider: TracerProvider = provider or NoOpTracerProvider()
         self.tracer = tracer_of(self.provider)
+        # False: no spans at all, so a request builds none (`RequestTrace.untraced`)
+        self.traced = not isinstance(self.provider, NoOpTracerProvider)
         # The exporter process's records, else light spans; None: the no-op or another SDK.
         self.children: ChildSpans | None = (RecordSpans.for_tracer(self.tracer)
                                             or ChildSpans.for_tracer(self.tracer))

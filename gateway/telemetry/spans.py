@@ -187,8 +187,25 @@ class RequestTrace:
             name, context=self._root_ctx, attributes=clean(attributes) if attributes else None
         )
 
+    @classmethod
+    def untraced(cls, headers: Mapping[str, str]) -> RequestTrace:
+        """No tracer provider at all: what the no-op provider's root would be (the
+        inbound span context, not recording), without building a span or attributes."""
+        self = cls.__new__(cls)
+        self._tracer = _NO_TRACER
+        self._children = None
+        self._pending = {}
+        self._inbound = extract_parent(headers)
+        self._root = trace.get_current_span(self._inbound)
+        self._root_context = self._root.get_span_context()
+        self.recording = False
+        self._root_ctx = None
+        return self
+
     def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> _Step:
         """A child span around one pipeline step; an exception marks it as an error."""
+        if not self.recording:
+            return _UNRECORDED_STEP  # nothing to mark or end (see start())
         return _Step(self.start(name, attributes))
 
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
@@ -229,6 +246,11 @@ class RequestTrace:
                     self._root.set_status(Status(StatusCode.ERROR))
             self._root.set_attributes(pending)
         self._root.end()
+
+
+_NO_TRACER = trace.NoOpTracer()
+# Stateless: a step of a request that is not recorded has no span of its own.
+_UNRECORDED_STEP = _Step(trace.INVALID_SPAN)
 
 
 def mark_error(span: Span, exc: BaseException) -> None:
