@@ -50,27 +50,35 @@ def is_loopback(peer: str | None) -> bool:
 
 
 class KeyIndex:
-    """Tenant key hashes bucketed by a short prefix of the digest.
+    """Tenant key hashes bucketed by a short prefix of the digest, with the `Identity`
+    each one stands for (immutable, so one per key serves all its requests).
 
     The bucket is found by a dict lookup on 16 bits of the digest (which tells an
     attacker nothing about the key itself); inside it every stored hash is compared
     with `hmac.compare_digest`, so a hit and a near miss take the same time.
     """
 
-    __slots__ = ("_buckets", "policy")
+    __slots__ = ("_buckets", "anonymous", "policy")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._buckets: dict[str, list[tuple[str, str]]] = {}
+        self._buckets: dict[str, list[tuple[str, Identity]]] = {}
         for digest, tenant in policy.tenant_by_key_hash.items():
-            self._buckets.setdefault(digest[:11], []).append((digest, tenant))
+            self._buckets.setdefault(digest[:11], []).append(
+                (digest, Identity(tenant=tenant, key_hash=digest)))
+        self.anonymous = Identity(tenant=policy.file.auth.anonymous.tenant, key_hash=None,
+                                  anonymous=True)
+
+    def identity(self, digest: str) -> Identity | None:
+        found = None
+        for stored, identity in self._buckets.get(digest[:11], ()):
+            if hmac.compare_digest(stored, digest):
+                found = identity
+        return found
 
     def tenant(self, digest: str) -> str | None:
-        found = None
-        for stored, tenant in self._buckets.get(digest[:11], ()):
-            if hmac.compare_digest(stored, digest):
-                found = tenant
-        return found
+        identity = self.identity(digest)
+        return identity.tenant if identity is not None else None
 
 
 class Authenticator:
@@ -95,15 +103,15 @@ class Authenticator:
         key and get the same access, so accepting it grants nothing more, and SDKs that
         insist on some key work against a development gateway unchanged.
         """
+        index = self.index(policy)
         key = presented_key(request)
         if key is not None:
-            digest = key_hash(key)
-            tenant = self.index(policy).tenant(digest)
-            if tenant is not None:
-                return Identity(tenant=tenant, key_hash=digest)
+            identity = index.identity(key_hash(key))
+            if identity is not None:
+                return identity
         anonymous = policy.file.auth.anonymous
         if anonymous.enabled and (not anonymous.loopback_only or is_loopback(request.remote)):
-            return Identity(tenant=anonymous.tenant, key_hash=None, anonymous=True)
+            return index.anonymous
         if key is None:
             raise Unauthorized(
                 "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.",
