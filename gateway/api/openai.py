@@ -23,9 +23,10 @@ def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-def proxy(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def proxy(pipeline: Pipeline,
+          endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await request.app[PIPELINE].handle(request, endpoint)
+        return await pipeline.handle(request, endpoint)
 
     handler.__name__ = endpoint.name.replace(".", "_")
     return handler
@@ -76,9 +77,12 @@ async def continue_unless_too_large(request: web.Request) -> None:
 
 
 def add_routes(app: web.Application) -> None:
+    """The OpenAI routes, served by the app's pipeline (`app[PIPELINE]`, set before)."""
+    pipeline = app[PIPELINE]
     for path, endpoint in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETIONS),
                            ("/v1/embeddings", EMBEDDINGS)):
-        app.router.add_post(path, proxy(endpoint), expect_handler=continue_unless_too_large)
+        app.router.add_post(path, proxy(pipeline, endpoint),
+                            expect_handler=continue_unless_too_large)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -103,11 +103,16 @@ _HEADER_NAMES = ("openai-processing-ms", "x-inference-time", "x-queue-time", "se
 def from_headers(headers: Mapping[str, str]) -> InferenceReport:
     """Read whatever inference timing the upstream's response headers carry."""
     if hasattr(headers, "getall"):  # aiohttp's CIMultiDict: already case-insensitive
+        for name in _HEADER_NAMES:
+            if name in headers:
+                break
+        else:  # the usual case: a backend that reports nothing
+            return UNKNOWN
         lower = {name: headers[name] for name in _HEADER_NAMES if name in headers}
     else:
         lower = {k.lower(): v for k, v in headers.items()}
-    if not any(name in lower for name in _HEADER_NAMES):
-        return UNKNOWN
+        if not any(name in lower for name in _HEADER_NAMES):
+            return UNKNOWN
     report = UNKNOWN
     if (ms := _number(lower.get("openai-processing-ms"))) is not None:
         report = report.merged(InferenceReport(server_total_ms=ms, source="openai"))
