@@ -96,14 +96,24 @@ def _check_stream(body: Body) -> None:
         raise _wrong_type("stream_options.include_usage", "a boolean", include)
 
 
+# The sampling parameters `_check_sampling` reads; a body naming none is skipped at once.
+_INTS = (("max_tokens", 1), ("max_completion_tokens", 1), ("n", 1))
+_NUMBERS = (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
+            ("frequency_penalty", -2.0, 2.0))
+_SAMPLING = frozenset([*(name for name, _ in _INTS), *(name for name, _, _ in _NUMBERS),
+                       "seed", "stop", "user"])
+
+
 def _check_sampling(body: Body) -> None:
-    _check_int(body, "max_tokens", 1)
-    _check_int(body, "max_completion_tokens", 1)
-    _check_int(body, "n", 1)
-    _check_number(body, "temperature", 0.0, 2.0)
-    _check_number(body, "top_p", 0.0, 1.0)
-    _check_number(body, "presence_penalty", -2.0, 2.0)
-    _check_number(body, "frequency_penalty", -2.0, 2.0)
+    present = body.keys() & _SAMPLING
+    if not present:
+        return
+    for param, minimum in _INTS:
+        if param in present:
+            _check_int(body, param, minimum)
+    for param, low, high in _NUMBERS:
+        if param in present:
+            _check_number(body, param, low, high)
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _wrong_type("seed", "an integer", seed)
@@ -146,6 +156,12 @@ def check_chat(body: Body) -> None:
         raise BadRequest("'messages' must contain at least one message.", param="messages",
                          code="invalid_value")
     for index, message in enumerate(messages):
+        # The usual message, a known role and text content, costs no string formatting.
+        if isinstance(message, dict):
+            role = message.get("role")
+            if isinstance(role, str) and role in CHAT_ROLES and \
+                    isinstance(message.get("content"), str):
+                continue
         where = f"messages[{index}]"
         if not isinstance(message, dict):
             raise _wrong_type(where, "an object", message)
