@@ -6,7 +6,8 @@ out keep-alive, chunking, compression and the default headers, serialises the he
 block into the writer's buffer, and `write_eof` joins it with the body and writes.
 For a reply that needs none of that machinery this module builds the status line,
 the header block and the body as one `bytes` and hands it to the writer at once, from
-`prepare`: ≈ 6 µs less CPU per proxied request in `bench/overhead.py`.
+`prepare`: ≈ 30,000 fewer instructions per proxied request, 4 % of the gateway's
+(`bench/instructions.py`).
 
 The bytes on the wire are what `web.Response` would send for the same status, headers
 and body — the same header order, `Content-Length`, `Date`, `Server`, a default
