@@ -76,10 +76,6 @@ class KeyIndex:
                 found = identity
         return found
 
-    def tenant(self, digest: str) -> str | None:
-        identity = self.identity(digest)
-        return identity.tenant if identity is not None else None
-
 
 class Authenticator:
     """Resolves callers against the live policy, re-indexing keys when it changes."""

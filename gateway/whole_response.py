@@ -4,8 +4,8 @@ sent (a relayed JSON reply, an error), written to the socket in one piece.
 aiohttp's `web.Response` sends such a reply in several Python steps: `prepare` works
 out keep-alive, chunking, compression and the default headers, serialises the header
 block into the writer's buffer, and `write_eof` joins it with the body and writes.
-For a reply that needs none of that machinery this module builds the status line,
-the header block and the body as one `bytes` and hands it to the writer at once, from
+For a reply that needs none of that machinery this module builds the status line and
+the header block and hands them to the writer with the body in one write, from
 `prepare`: ≈ 30,000 fewer instructions per proxied request, 4 % of the gateway's
 (`bench/instructions.py`).
 
@@ -26,15 +26,13 @@ from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 from aiohttp.http_writer import StreamWriter, _serialize_headers
 from multidict import CIMultiDict
 
-_NO_HEADERS: dict[str, str] = {}
-
 
 class WholeResponse(web.StreamResponse):
     """`web.Response(status=, body=, headers=)` for a body of bytes, sent in one write."""
 
     def __init__(self, *, status: int = 200, body: bytes = b"",
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(status=status, _real_headers=CIMultiDict(headers or _NO_HEADERS))
+        super().__init__(status=status, _real_headers=CIMultiDict(headers or ()))
         self._whole_body = body
 
     @property
