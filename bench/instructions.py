@@ -38,11 +38,14 @@ WARM_UP_REQUESTS = 400
 CONCURRENCY = 16
 
 
+TRACED = "routegate traced"  # every request traced, exported by the exporter process
+
+
 def _command(name: str, port: int, upstream: str, policy: Path) -> list[str]:
     python, script = sys.executable, str(HERE / "overhead.py")
     if name == "bare proxy":
         return [python, script, "bare-proxy", "--port", str(port), "--upstream", upstream]
-    if name == "routegate":
+    if name in ("routegate", TRACED):
         return [python, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)]
     return [python, script, "gateway-variant", "--variant", name, "--port", str(port),
             "--policy", str(policy)]
@@ -87,10 +90,24 @@ def count(name: str, upstream: str, policy: Path, requests: int, env: dict[str, 
             process.wait(60)
 
 
+def _traced_env(env: dict[str, str], cores: str,
+                sink: list[subprocess.Popen[bytes]]) -> dict[str, str]:
+    """`env` exporting every request's spans to an OTLP/HTTP receiver on `cores` (the
+    gateway's exporter process is not run under valgrind: only the gateway's share is
+    counted, as `bench/tracing.py` counts "gateway CPU")."""
+    port = free_port()
+    sink.append(subprocess.Popen(
+        pinned([sys.executable, str(HERE / "tracing.py"), "sink", "--port", str(port)], cores),
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    wait_listening(port, sink[-1])
+    return {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_TRACES_SAMPLER": "always_on"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
-    names = ["bare proxy", "routegate", *VARIANTS]
+    names = ["bare proxy", "routegate", *VARIANTS, TRACED]
     parser.add_argument("--only", nargs="+", choices=names, help="measure only these")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -102,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     upstream_port = free_port()
     others = "1" if (os.cpu_count() or 1) == 2 else f"1-{(os.cpu_count() or 2) - 1}"
+    sink: list[subprocess.Popen[bytes]] = []  # the OTLP receiver of the traced variant
     upstream_process = subprocess.Popen(
         pinned([sys.executable, str(HERE / "overhead.py"), "upstream", "--port",
                 str(upstream_port)], others), env=env, cwd=ROOT,
@@ -113,10 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         policy.write_text(routegate_policy(upstream))
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})  # the load generator
-        counts = {name: count(name, upstream, policy, args.requests, env) for name in chosen}
+        counts = {}
+        for name in chosen:
+            counts[name] = count(name, upstream, policy, args.requests,
+                                 _traced_env(env, others, sink) if name == TRACED else env)
     finally:
-        upstream_process.terminate()
-        upstream_process.wait(10)
+        for process in [upstream_process, *sink]:
+            process.terminate()
+            process.wait(10)
         policy.unlink(missing_ok=True)
     bare = counts["bare proxy"]
     print(f"\ninstructions per request, {args.requests} requests at concurrency {CONCURRENCY}")

@@ -39,7 +39,13 @@ from gateway.telemetry.span_frames import (
     FrameReader,
     frame,
 )
-from gateway.telemetry.span_records import CHILDREN, Record, Resource, Scope, span_count
+from gateway.telemetry.span_records import (
+    CHILDREN,
+    Record,
+    Resource,
+    Scope,
+    span_count,
+)
 
 log = logging.getLogger("routegate.tracing.export")
 

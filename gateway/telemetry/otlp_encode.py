@@ -20,6 +20,8 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.telemetry.span_records import Record, expanded
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
 
@@ -121,7 +123,7 @@ class OtlpEncoder:
         return b"".join(self._resource_spans(resource, by_scope.values())
                         for resource, by_scope in groups.values())
 
-    def records(self, records: Iterable[Sequence[Any]], resource: Any,
+    def records(self, records: Iterable[Record], resource: Any,
                 scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> bytes:
         """ExportTraceServiceRequest bytes of span records (`span_records.py`), all of one
         `resource`; `scope_of` turns a record's scope key into a scope, `new_span_id`
@@ -129,7 +131,8 @@ class OtlpEncoder:
         of the spans `span_records.SpansOf` makes of them with the same ids."""
         by_scope: dict[Any, tuple[Any, list[bytes]]] = {}
         fields = self._fields
-        for scope_key, trace_id, state, root, children in records:
+        for record in records:
+            scope_key, trace_id, state, root, children = expanded(record)
             entry = by_scope.get(scope_key)
             if entry is None:
                 entry = by_scope[scope_key] = (scope_of(scope_key), [])

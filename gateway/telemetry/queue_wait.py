@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
-from gateway.telemetry import spans as a
+from gateway.telemetry import semconv as a
 from gateway.telemetry.spans import mark_error
 
 if TYPE_CHECKING:

@@ -1,123 +1,249 @@
-"""A traced request's spans recorded as one plain record for the exporter process.
+"""A traced request recorded as one plain record for the exporter process.
 
 With the default OTLP/HTTP export the span processor is a `SpanPipe`
 (`span_pipe.py`): encoding and HTTP happen in another process, and the request
-path only records what cannot be deferred. The root is sampled exactly as the
-SDK samples it (`ChildSpans.root`: inbound parent, the tracer's sampler and id
-generator); a child keeps its name, kind, two clock readings, its attribute dict
-and its events — no `SpanContext`, no span id. A child's id is made only when
-someone asks for its context (the upstream CLIENT span, for `traceparent`); the
-exporter process makes the others. When the root ends, the request becomes one
-tuple (`span_records.py`) appended to the pipe's queue.
+path only records what cannot be deferred. A `RecordedTrace` is the request's
+trace and its root at once: the root is sampled as `Tracer.start_span` samples it
+(the inbound parent, the tracer's sampler — its decision, attributes and trace
+state — and id generator), but kept as a few ints, not a span object. A child
+(`RecordedSpan`) keeps its name, kind, two clock readings, its attribute dict and
+its events; its id is made only when someone asks for it (the upstream CLIENT
+span, for `traceparent`), the exporter process makes the others. The root's own
+attributes leave as the request's facts (`root_facts.py`), made into attributes
+by the exporter process. When the root ends, the request becomes one tuple
+(`span_records.py`) appended to the pipe's queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from time import time_ns
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    StaticSampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import (
+    INVALID_SPAN,
     Span,
     SpanContext,
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
     Tracer,
+    TraceState,
+    get_current_span,
 )
 from opentelemetry.util.types import Attributes
 
-from gateway.telemetry.light_span import SAMPLED, ChildSpans, PlainSpan
+from gateway.telemetry.light_span import SAMPLED, PlainSpan
+from gateway.telemetry.root_facts import Facts, note_status
 from gateway.telemetry.span_records import Record
+from gateway.telemetry.spans import UNRECORDED_STEP, RequestTrace, Step, clean, extract_parent
 
 # Enum members are read through `_value_` (the member's own attribute): `.value` goes
 # through a Python-level descriptor, ~0.15 µs a read, several times a request.
+_SERVER, _INTERNAL, _CLIENT = 1, 0, 2  # SpanKind values
+_ERROR = StatusCode.ERROR._value_
 
 
-class RecordSpans(ChildSpans):
-    """`ChildSpans` whose spans end as records in a `SpanPipe` instead of `ReadableSpan`s.
-    `for_tracer` returns None unless the tracer's provider has exactly that one pipe."""
+class RecordSpans:
+    """What a `RecordedTrace` needs from the SDK tracer: the pipe's `append`, the scope,
+    the sampler and the id generator. `for_tracer` returns None unless the tracer's
+    provider has exactly that one pipe."""
 
-    __slots__ = ("append", "scope_key")
+    __slots__ = ("_enabled", "_ids", "_root_sampler", "_sampler", "append", "scope_key")
 
     def __init__(self, append: Callable[[Record], None], scope_key: tuple[Any, ...],
-                 new_span_id: Callable[[], int], tracer: Any) -> None:
-        super().__init__(self._not_readable, getattr(tracer, "resource", None),
-                         getattr(tracer, "_instrumentation_scope", None), new_span_id, tracer)
+                 tracer: Any) -> None:
         self.append, self.scope_key = append, scope_key
-
-    @staticmethod
-    def _not_readable(span: Any) -> None:
-        raise TypeError("a RecordSpans sink takes records, not ReadableSpans")
+        self._sampler: Sampler = tracer.sampler
+        self._ids = tracer.id_generator
+        self._enabled: Callable[[], bool] | None = getattr(tracer, "_is_enabled", None)
+        # A new trace (no inbound parent) under the SDK's own samplers is decided here,
+        # as they decide it, without a `SamplingResult`; any other sampler is asked.
+        root = self._sampler
+        if type(root) is ParentBased:
+            root = root._root
+        self._root_sampler = root if type(root) in (StaticSampler, TraceIdRatioBased) else None
 
     @classmethod
     def for_tracer(cls, tracer: Tracer) -> RecordSpans | None:
         processor = getattr(tracer, "span_processor", None)
         inner = getattr(processor, "_span_processors", None)
-        ids = getattr(tracer, "id_generator", None)
         scope = getattr(tracer, "_instrumentation_scope", None)
-        if not isinstance(inner, tuple) or len(inner) != 1 or ids is None or scope is None:
+        if (not isinstance(inner, tuple) or len(inner) != 1 or scope is None
+                or getattr(tracer, "id_generator", None) is None
+                or getattr(tracer, "sampler", None) is None):
             return None
         (pipe,) = inner
         if not getattr(pipe, "takes_records", False):
             return None
-        return cls(pipe.append, (scope.name, scope.version, scope.schema_url),
-                   ids.generate_span_id, tracer)
+        return cls(pipe.append, (scope.name, scope.version, scope.schema_url), tracer)
 
-    def _recording_root(self, name: str, context: SpanContext, parent: SpanContext | None,
-                        kind: SpanKind, attributes: dict[str, Any]) -> Span:
-        return RecordedSpan(self, name, context, parent, kind._value_, attributes, None)
+    def trace(self, name: str, headers: Mapping[str, str],
+              attributes: dict[str, Any]) -> RecordedTrace | RequestTrace:
+        """A request's trace, its root named `name` with `attributes` (a fresh dict)."""
+        enabled = self._enabled
+        if enabled is not None and not enabled():  # the SDK's tracer gives INVALID_SPAN
+            return RequestTrace.untraced(headers)
+        inbound = extract_parent(headers)
+        ids = self._ids
+        sampler = self._root_sampler
+        parent = get_current_span(inbound).get_span_context() if inbound else None
+        state: TraceState | None = None
+        if parent is not None and parent.is_valid:
+            trace_id, random_id = parent.trace_id, parent.trace_flags.random_trace_id
+            sampler = None  # a parent-based decision: the sampler's own code
+        else:
+            parent = None
+            trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
+        if type(sampler) is StaticSampler:
+            recording = sampled = sampler._decision is Decision.RECORD_AND_SAMPLE
+        elif type(sampler) is TraceIdRatioBased:
+            recording = sampled = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < sampler.bound
+        else:
+            result = self._sampler.should_sample(inbound, trace_id, name, SpanKind.SERVER,
+                                                 attributes, ())
+            recording, sampled = result.decision.is_recording(), result.decision.is_sampled()
+            state = result.trace_state
+            if recording:
+                attributes = dict(result.attributes or {})
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+        if random_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        return RecordedTrace(self, name, trace_id, ids.generate_span_id(), flags, state,
+                             parent, inbound, attributes, recording)
 
-    def start(self, name: str, parent: SpanContext, kind: SpanKind,  # type: ignore[override]
-              attributes: dict[str, Any], root: Span | None = None) -> RecordedSpan:
-        return RecordedSpan(self, name, None, parent, kind._value_, attributes,
-                            root if type(root) is RecordedSpan else None)
+
+class RecordedTrace:
+    """One request's trace, recorded as plain values (see the module docstring); the
+    same calls as `RequestTrace`."""
+
+    __slots__ = ("_attributes", "_ended", "_flags", "_held", "_inbound", "_name", "_parent",
+                 "_sink", "_span_id", "_start", "_state", "_trace_id", "recording")
+
+    def __init__(self, sink: RecordSpans, name: str, trace_id: int, span_id: int, flags: int,
+                 state: TraceState | None, parent: SpanContext | None, inbound: Context,
+                 attributes: dict[str, Any], recording: bool) -> None:
+        self._start = time_ns()
+        self._sink, self._name = sink, name
+        self._trace_id, self._span_id, self._flags = trace_id, span_id, flags
+        self._state, self._parent, self._inbound = state, parent, inbound
+        self._attributes = attributes
+        self.recording = recording
+        self._ended = False
+        self._held: list[tuple[Any, ...]] = []  # ended children, as tuples
+
+    @property
+    def trace_id(self) -> str:
+        return f"{self._trace_id:032x}"
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        """Attributes for the root span (None values are left out)."""
+        if self.recording and not self._ended:
+            pending = self._attributes
+            for key, value in attributes.items():
+                if value is not None:
+                    pending[key] = value
+
+    def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
+        """A child of the root (INTERNAL); the caller ends it."""
+        if not self.recording:
+            return INVALID_SPAN
+        return RecordedSpan(self, name, _INTERNAL, clean(attributes) if attributes else {})
+
+    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> Step:
+        if not self.recording:
+            return UNRECORDED_STEP
+        return Step(RecordedSpan(self, name, _INTERNAL,
+                                  clean(attributes) if attributes else {}))
+
+    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
+        """The CLIENT span of one upstream attempt."""
+        if not self.recording:
+            return INVALID_SPAN
+        return RecordedSpan(self, name, _CLIENT, clean(attributes) if attributes else {})
+
+    def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
+        """`traceparent` (and `tracestate`) for `span`, as the W3C propagator writes
+        them; an unrecorded request's is its root's (flagged not sampled)."""
+        if type(span) is RecordedSpan:
+            span_id, flags = span.span_id(), 1
+        else:
+            span_id, flags = self._span_id, self._flags
+        headers["traceparent"] = f"00-{self._trace_id:032x}-{span_id:016x}-{flags:02x}"
+        if self._state:
+            headers["tracestate"] = self._state.to_header()
+
+    def end(self, status_code: int, error_type: str | None = None) -> None:
+        self._record(None, status_code, error_type)
+
+    def close(self, facts: Facts, status_code: int, error_type: str | None = None) -> None:
+        """End the root with the request's facts, made into attributes by the exporter."""
+        self._record(facts, status_code, error_type)
+
+    def _record(self, facts: Facts | None, status_code: int, error_type: str | None) -> None:
+        if self._ended or not self.recording:
+            return
+        self._ended = True
+        attributes = self._attributes
+        code = _ERROR if note_status(attributes, status_code, error_type) else 0
+        parent = self._parent
+        sink = self._sink
+        sink.append((sink.scope_key, self._trace_id, _state(self._state), (
+            self._span_id, parent.span_id if parent is not None else 0,
+            parent is not None and parent.is_remote, self._name, _SERVER, self._start,
+            time_ns(), (attributes, facts) if facts is not None else attributes, [], code,
+            None, (), 0), self._held))
+        self._held = []
 
     def late(self, span: RecordedSpan) -> None:
-        """A child ending after its root (or without one): a record of its own."""
-        parent = span.parent
-        assert parent is not None  # a child always has one
-        self.append((self.scope_key, parent.trace_id, _state(parent), span.as_root(), ()))
+        """A child ending after its root: a record of its own."""
+        sink = self._sink
+        sink.append((sink.scope_key, self._trace_id, _state(self._state), (
+            span._span_id, self._span_id, False, span.name, span.kind, span.start_time,
+            span.end_time, span.attributes, span.events, span.code, span.description, (), 0),
+            ()))
 
 
-def _state(context: SpanContext) -> dict[str, str] | None:
-    state = context.trace_state
+def _state(state: TraceState | None) -> dict[str, str] | None:
     return dict(state) if state else None
 
 
 class RecordedSpan(PlainSpan):
-    """A recording span kept as plain values until the request's record is made."""
+    """A child of a `RecordedTrace`, kept as plain values until the request's record."""
 
-    __slots__ = ("_context", "_ended", "_held", "_is_root", "_root", "_sink", "attributes",
-                 "code",
-                 "description", "end_time", "events", "kind", "name", "parent",
-                 "start_time")
+    __slots__ = ("_ended", "_root", "_span_id", "attributes", "code", "description",
+                 "end_time", "events", "kind", "name", "start_time")
 
-    def __init__(self, sink: RecordSpans, name: str, context: SpanContext | None,
-                 parent: SpanContext | None, kind: int, attributes: dict[str, Any],
-                 root: RecordedSpan | None) -> None:
+    def __init__(self, root: RecordedTrace, name: str, kind: int,
+                 attributes: dict[str, Any]) -> None:
         self.start_time = time_ns()
         self.end_time = 0
-        self._sink, self.name, self._context, self.parent = sink, name, context, parent
-        self.kind = kind
+        self._root, self.name, self.kind = root, name, kind
         self.attributes = attributes  # the caller's fresh dict, as on a `LightSpan`
         self.events: list[tuple[str, int, Any]] = []
         self.code: int = 0  # StatusCode.UNSET
         self.description: str | None = None
         self._ended = False
-        self._is_root = context is not None  # a child's context is made when asked for
-        self._root = root
-        self._held: list[tuple[Any, ...]] = []  # a root's ended children, as tuples
+        self._span_id = 0  # made when someone needs it (`span_id`)
+
+    def span_id(self) -> int:
+        span_id = self._span_id
+        if not span_id:
+            span_id = self._span_id = self._root._sink._ids.generate_span_id()
+        return span_id
 
     def get_span_context(self) -> SpanContext:
-        context = self._context
-        if context is None:  # a child whose id someone needs: made now, once
-            parent = self.parent
-            assert parent is not None
-            context = self._context = SpanContext(
-                parent.trace_id, self._sink._new_span_id(), False, SAMPLED,
-                parent.trace_state)
-        return context
+        root = self._root
+        return SpanContext(root._trace_id, self.span_id(), False, SAMPLED, root._state)
 
     def add_event(self, name: str, attributes: Attributes = None,
                   timestamp: int | None = None) -> None:
@@ -139,27 +265,9 @@ class RecordedSpan(PlainSpan):
         self._ended = True
         self.end_time = end_time or time_ns()
         root = self._root
-        if root is not None and not root._ended:  # the usual child: goes with its root
-            context = self._context
-            root._held.append((
-                context.span_id if context is not None else 0, self.name, self.kind,
-                self.start_time, self.end_time, self.attributes, self.events, self.code,
-                self.description))
+        if root._ended:
+            root.late(self)
             return
-        sink = self._sink
-        if not self._is_root:  # a child ending after its root, or without one: alone
-            sink.late(self)
-            return
-        context = self.get_span_context()
-        sink.append((sink.scope_key, context.trace_id, _state(context), self.as_root(),
-                     self._held))
-        self._held = []
-
-    def as_root(self) -> tuple[Any, ...]:
-        """This span as a record's root (a child on its own: its parent is the root)."""
-        context, parent = self._context, self.parent
-        return (context.span_id if context is not None else 0,
-                parent.span_id if parent is not None else 0,
-                parent is not None and parent.is_remote, self.name, self.kind,
-                self.start_time, self.end_time, self.attributes, self.events, self.code,
-                self.description, (), 0)
+        root._held.append((self._span_id, self.name, self.kind, self.start_time,
+                           self.end_time, self.attributes, self.events, self.code,
+                           self.description))

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
-from gateway.telemetry import spans as a
+from gateway.telemetry import semconv as a
 from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
 from gateway.telemetry.live import Sample
 from gateway.telemetry.queue_wait import Queued, QueueWait
+from gateway.telemetry.record_span import RecordedTrace
+from gateway.telemetry.root_facts import Facts
 from gateway.telemetry.spans import RequestTrace, clean
 from gateway.telemetry.timing import RequestTimings, TimingSplit
 
@@ -41,6 +43,15 @@ OPERATIONS = {"chat.completions": "chat", "completions": "text_completion",
 
 
 class RequestTelemetry:
+    # Facts only a traced request keeps (`identify`, `routed`, `content`): class-level
+    # defaults, so a request that is not traced never stores them.
+    _stream_fact: bool | None = None
+    _operation: str | None = None
+    _max_tokens: int | None = None
+    _temperature: float | None = None
+    _decided: tuple[str | None, str | None, float | None] = (None, None, None)
+    _content: tuple[str | None, str | None] = (None, None)
+
     def __init__(
         self,
         telemetry: Telemetry,
@@ -55,14 +66,22 @@ class RequestTelemetry:
         self.metrics = telemetry.metrics
         self._telemetry = telemetry
         self.timings = timings if timings is not None else RequestTimings(clock=telemetry.clock)
-        self.trace = RequestTrace(
-            telemetry.tracer,
-            name=f"{method} {path}",
-            headers=headers,
-            attributes={a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path,
-                        a.RG_REQUEST_ID: request_id},
-            children=telemetry.children,
-        ) if telemetry.traced else RequestTrace.untraced(headers)
+        records = telemetry.records
+        self.trace: RequestTrace | RecordedTrace
+        if records is not None:
+            self.trace = records.trace(f"{method} {path}", headers, {
+                a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path, a.RG_REQUEST_ID: request_id})
+        elif telemetry.traced:
+            self.trace = RequestTrace(
+                telemetry.tracer,
+                name=f"{method} {path}",
+                headers=headers,
+                attributes={a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path,
+                            a.RG_REQUEST_ID: request_id},
+                children=telemetry.children,
+            )
+        else:
+            self.trace = RequestTrace.untraced(headers)
         self.request_id, self.method, self.path = request_id, method, path
         self.record_content = record_content
         self.tenant: str | None = None
@@ -115,14 +134,14 @@ class RequestTelemetry:
             self.stream = stream
         if not self.trace.recording:
             return
-        self.trace.set({
-            a.RG_TENANT: tenant, a.GEN_AI_REQUEST_MODEL: requested_model, a.RG_STREAM: stream,
-            a.GEN_AI_OPERATION_NAME: OPERATIONS.get(operation, operation),
-            a.GEN_AI_REQUEST_MAX_TOKENS: max_tokens if isinstance(max_tokens, int) else None,
-            a.GEN_AI_REQUEST_TEMPERATURE: (
-                temperature if isinstance(temperature, (int, float)) else None
-            ),
-        })
+        # facts of the root span (`_facts`); a value not given keeps the one before
+        if stream is not None:
+            self._stream_fact = stream
+        self._operation = OPERATIONS.get(operation, operation)
+        if isinstance(max_tokens, int):
+            self._max_tokens = max_tokens
+        if isinstance(temperature, (int, float)):
+            self._temperature = temperature
 
     def rejected(self, kind: str, *, limit: str | None = None, priority: str | None = None) -> None:
         """Refused before an upstream call: kind = rate_limit | budget | shed."""
@@ -173,9 +192,9 @@ class RequestTelemetry:
                 a.RG_PREDICTED_COST_USD: predicted_cost_usd,
                 a.RG_CANDIDATES: candidates, a.RG_EXCLUDED: excluded,
             }))
-        # The root repeats only the headline (each attribute costs the SDK a few µs).
-        self.trace.set({a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
-                        a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms})
+        # The root repeats only the headline; `backend` is the decision's (a fallback
+        # changes `self.backend`).
+        self._decided = (backend, decision_id, predicted_ttft_ms)
 
     def decided(self, span: Span | None, model: str, candidates: Sequence[Any],
                 decision: Any = None) -> None:
@@ -282,7 +301,7 @@ class RequestTelemetry:
     def content(self, *, prompt: str | None = None, completion: str | None = None) -> None:
         """Prompt/completion text on the root span — only when the policy records content."""
         if self.record_content:
-            self.trace.set({a.GEN_AI_PROMPT: prompt, a.GEN_AI_COMPLETION: completion})
+            self._content = (prompt, completion)
 
     # output ----------------------------------------------------------------
     def split(self) -> TimingSplit:
@@ -302,17 +321,20 @@ class RequestTelemetry:
         # No status means an unexpected exception: the middleware answers 500.
         return self.finish(status if status is not None else 500, error_code=error_code)
 
-    def _root_attributes(self, split: TimingSplit) -> None:
-        self.trace.set({
-            a.GEN_AI_RESPONSE_MODEL: self.response_model, a.GEN_AI_RESPONSE_ID: self.response_id,
-            a.GEN_AI_USAGE_INPUT_TOKENS: self.input_tokens,
-            a.GEN_AI_USAGE_OUTPUT_TOKENS: self.output_tokens,
-            a.GEN_AI_RESPONSE_FINISH_REASONS: list(self.finish_reasons) or None,
-            a.RG_ACTUAL_TTFT_MS: split.ttft_ms, a.RG_QUEUE_WAIT_MS: split.queue_ms,
-            a.RG_GW_MS: split.gw_ms, a.RG_UPSTREAM_MS: split.upstream_ms,
-            a.RG_INFERENCE_MS: split.inference_ms, a.RG_TOTAL_MS: split.total_ms,
-            a.RG_COST_USD: self.cost_usd,
-        })
+    def _facts(self, split: TimingSplit) -> Facts:
+        """The root span's facts, in the order of `root_facts.ROOT_FACTS`."""
+        backend, decision_id, predicted_ttft_ms = self._decided
+        prompt, completion = self._content
+        return (
+            self.tenant, self.requested_model, self._stream_fact, self._operation,
+            self._max_tokens, self._temperature,
+            self.route, backend, self.reason, decision_id, predicted_ttft_ms,
+            prompt, completion,
+            self.response_model, self.response_id, self.input_tokens, self.output_tokens,
+            list(self.finish_reasons) or None,
+            split.ttft_ms, split.queue_ms, split.gw_ms, split.upstream_ms,
+            split.inference_ms, split.total_ms, self.cost_usd,
+        )
 
     def finish(self, status: int, *, error_code: str | None = None) -> TimingSplit:
         """Close the request: root span, metrics, dashboard sample, access log (once)."""
@@ -327,8 +349,9 @@ class RequestTelemetry:
         split = self.result = self.timings.split()
         backend, model = self.backend or "", self.model or ""
         if self.trace.recording:
-            self._root_attributes(split)
-        self.trace.end(status, error_code)
+            self.trace.close(self._facts(split), status, error_code)
+        else:
+            self.trace.end(status, error_code)
         self.metrics.observe_request(
             route=self.route or "", backend=backend, model=model, tenant=self.tenant or "",
             priority=self.priority, status=status, split=split, input_tokens=self.input_tokens,

@@ -37,9 +37,11 @@ class Telemetry:
         self.tracer = tracer_of(self.provider)
         # False: no spans at all, so a request builds none (`RequestTrace.untraced`)
         self.traced = not isinstance(self.provider, NoOpTracerProvider)
-        # The exporter process's records, else light spans; None: the no-op or another SDK.
-        self.children: ChildSpans | None = (RecordSpans.for_tracer(self.tracer)
-                                            or ChildSpans.for_tracer(self.tracer))
+        # A request is recorded for the exporter process (`records`), else its spans are
+        # light spans (`children`); neither: the no-op provider, or another SDK set-up.
+        self.records = RecordSpans.for_tracer(self.tracer) if self.traced else None
+        self.children: ChildSpans | None = (
+            ChildSpans.for_tracer(self.tracer) if self.records is None else None)
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
         self.live = live or LiveStats()

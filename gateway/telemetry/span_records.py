@@ -14,6 +14,10 @@ and unpickles without importing anything:
     event  = (name, timestamp_ns, attributes | None)
     link   = (trace_id, span_id, is_remote, attributes | None)
 
+A request's root (`record_span.RecordedTrace`) leaves its attributes as a pair
+`(attributes, facts)`: the few it was given, and the request's facts, which
+`expanded` makes into the rest (`root_facts.py`) in the exporter process.
+
 `parent_id` 0 means no parent; a `span_id` of 0 means nobody outside the gateway
 has seen the span's id (only the upstream CLIENT span's goes out, in
 `traceparent`), so the exporter process makes one. `kind` is `SpanKind.value`,
@@ -28,8 +32,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from gateway.telemetry.root_facts import root_attributes
+
 Record = tuple[Any, ...]
 ROOT = 3  # the root's index in a record
+ROOT_ATTRIBUTES = 7  # the attributes' index in a root
 CHILDREN = 4
 
 
@@ -120,7 +127,8 @@ class SpansOf:
     def __call__(self, records: Iterable[Record]) -> list[Span]:
         out: list[Span] = []
         resource, new_id, scopes = self._resource, self._new_id, self._scopes
-        for scope_key, trace_id, state, root, children in records:
+        for record in records:
+            scope_key, trace_id, state, root, children = expanded(record)
             scope = scopes.get(scope_key)
             if scope is None:
                 scope = scopes[scope_key] = Scope(*scope_key)
@@ -140,6 +148,18 @@ class SpansOf:
                             tuple(_Link(_Context(t, s, r, None), a) for t, s, r, a in links)
                             if links else (), dropped))
         return out
+
+
+def expanded(record: Record) -> Record:
+    """`record` with its root's facts made into attributes (the record as it is when
+    its root has a plain attribute dict)."""
+    root = record[ROOT]
+    attributes = root[ROOT_ATTRIBUTES]
+    if type(attributes) is not tuple:
+        return record
+    given, facts = attributes
+    return (*record[:ROOT], (*root[:ROOT_ATTRIBUTES], {**given, **root_attributes(facts)},
+                             *root[ROOT_ATTRIBUTES + 1:]), record[CHILDREN])
 
 
 def span_count(records: Iterable[Record]) -> int:

@@ -24,55 +24,10 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.telemetry.light_span import ChildSpans
+from gateway.telemetry.root_facts import Facts, note_status, root_attributes
+from gateway.telemetry.semconv import ERROR_TYPE
 
 TRACER_NAME = "routegate.gateway"
-
-# OpenTelemetry GenAI semantic conventions (gen_ai.*).
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
-GEN_AI_SYSTEM = "gen_ai.system"
-GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
-GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_RESPONSE_ID = "gen_ai.response.id"
-GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
-GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_PROMPT = "gen_ai.prompt"  # only with compliance.record_content
-GEN_AI_COMPLETION = "gen_ai.completion"  # only with compliance.record_content
-EVENT_FIRST_TOKEN = "gen_ai.first_token"
-
-# HTTP / server conventions.
-HTTP_REQUEST_METHOD = "http.request.method"
-HTTP_ROUTE = "http.route"
-HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
-ERROR_TYPE = "error.type"
-
-# routegate's own facts.
-RG_REQUEST_ID = "routegate.request_id"
-RG_TENANT = "routegate.tenant"
-RG_ROUTE = "routegate.route"
-RG_BACKEND = "routegate.backend"
-RG_DECISION_ID = "routegate.decision.id"
-RG_DECISION_REASON = "routegate.decision.reason"
-RG_CANDIDATES = "routegate.decision.candidates"
-RG_EXCLUDED = "routegate.decision.excluded"
-RG_PREDICTED_TTFT_MS = "routegate.predicted.ttft_ms"
-RG_PREDICTED_TOTAL_MS = "routegate.predicted.total_ms"
-RG_PREDICTED_COST_USD = "routegate.predicted.cost_usd"
-RG_ACTUAL_TTFT_MS = "routegate.actual.ttft_ms"
-RG_QUEUE_WAIT_MS = "routegate.queue.wait_ms"
-RG_ATTEMPT = "routegate.attempt"
-RG_FALLBACK = "routegate.fallback"
-RG_STREAM = "routegate.stream"
-RG_GW_MS = "routegate.timing.gw_ms"
-RG_UPSTREAM_MS = "routegate.timing.upstream_ms"
-RG_INFERENCE_MS = "routegate.timing.inference_ms"  # backend-reported; absent when unknown
-RG_TOTAL_MS = "routegate.timing.total_ms"
-RG_COST_USD = "routegate.cost_usd"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -96,7 +51,7 @@ def extract_parent(headers: Mapping[str, str]) -> Context:
     return _PROPAGATOR.extract(carrier=headers)
 
 
-class _Step:
+class Step:
     """`with trace.step(...)`: a class, not @contextmanager (a generator per step cost
     ~3 µs, three steps a request)."""
 
@@ -202,11 +157,11 @@ class RequestTrace:
         self._root_ctx = None
         return self
 
-    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> _Step:
+    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> Step:
         """A child span around one pipeline step; an exception marks it as an error."""
         if not self.recording:
-            return _UNRECORDED_STEP  # nothing to mark or end (see start())
-        return _Step(self.start(name, attributes))
+            return UNRECORDED_STEP  # nothing to mark or end (see start())
+        return Step(self.start(name, attributes))
 
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """The CLIENT span of one upstream attempt."""
@@ -239,18 +194,20 @@ class RequestTrace:
     def end(self, status_code: int, error_type: str | None = None) -> None:
         if self.recording:
             pending = self._pending
-            pending[HTTP_RESPONSE_STATUS_CODE] = status_code
-            if status_code >= 500 or error_type:
-                pending[ERROR_TYPE] = error_type or str(status_code)
-                if status_code >= 500:
-                    self._root.set_status(Status(StatusCode.ERROR))
+            if note_status(pending, status_code, error_type):
+                self._root.set_status(Status(StatusCode.ERROR))
             self._root.set_attributes(pending)
         self._root.end()
+
+    def close(self, facts: Facts, status_code: int, error_type: str | None = None) -> None:
+        """End a recording root with the request's facts (`root_facts.py`) as attributes."""
+        self.set(root_attributes(facts))
+        self.end(status_code, error_type)
 
 
 _NO_TRACER = trace.NoOpTracer()
 # Stateless: a step of a request that is not recorded has no span of its own.
-_UNRECORDED_STEP = _Step(trace.INVALID_SPAN)
+UNRECORDED_STEP = Step(trace.INVALID_SPAN)
 
 
 def mark_error(span: Span, exc: BaseException) -> None:

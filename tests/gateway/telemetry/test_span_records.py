@@ -62,7 +62,7 @@ def recorded() -> tuple[Telemetry, Kept]:
     provider = TracerProvider(resource=resource_from_env({}, "routegate"))
     provider.add_span_processor(kept)
     telemetry = Telemetry(provider=provider, clock=FakeClock())
-    assert isinstance(telemetry.children, RecordSpans)
+    assert isinstance(telemetry.records, RecordSpans)
     return telemetry, kept
 
 
