@@ -14,8 +14,8 @@ file (the gateway exited, or shut down) exports what is left and exits.
 
 from __future__ import annotations
 
-import io
 import logging
+import marshal
 import os
 import pickle
 import random
@@ -77,11 +77,9 @@ class Exporter:
     def add(self, payload: bytes) -> None:
         if not self.pending:
             self.oldest = time.monotonic()
-        records = []
-        stream = io.BytesIO(payload)
-        load = pickle.Unpickler(stream).load  # the frame is pickled records, one after another
-        while stream.tell() < len(payload):
-            records.append(load())
+        # the frame: a marshalled list of marshalled records (`marshal.load` from a
+        # stream reads a few bytes at a time, ~25x slower than `loads` of a record)
+        records = [marshal.loads(data) for data in marshal.loads(payload)]
         self.pending += records
         self.pending_spans += span_count(records)
         if self.pending_spans >= self._batch:

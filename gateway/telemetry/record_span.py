@@ -45,7 +45,14 @@ from opentelemetry.util.types import Attributes
 from gateway.telemetry.light_span import SAMPLED, PlainSpan
 from gateway.telemetry.root_facts import Facts, note_status
 from gateway.telemetry.span_records import Record
-from gateway.telemetry.spans import UNRECORDED_STEP, RequestTrace, Step, clean, extract_parent
+from gateway.telemetry.spans import (
+    UNRECORDED_STEP,
+    RequestTrace,
+    Step,
+    clean,
+    extract_parent,
+    mark_error,
+)
 
 # Enum members are read through `_value_` (the member's own attribute): `.value` goes
 # through a Python-level descriptor, ~0.15 µs a read, several times a request.
@@ -159,11 +166,12 @@ class RecordedTrace:
             return INVALID_SPAN
         return RecordedSpan(self, name, _INTERNAL, clean(attributes) if attributes else {})
 
-    def step(self, name: str, attributes: Mapping[str, Any] | None = None) -> Step:
+    def step(self, name: str,
+             attributes: Mapping[str, Any] | None = None) -> RecordedSpan | Step:
+        """A child span around one pipeline step (itself the context manager)."""
         if not self.recording:
             return UNRECORDED_STEP
-        return Step(RecordedSpan(self, name, _INTERNAL,
-                                  clean(attributes) if attributes else {}))
+        return RecordedSpan(self, name, _INTERNAL, clean(attributes) if attributes else {})
 
     def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """The CLIENT span of one upstream attempt."""
@@ -234,6 +242,15 @@ class RecordedSpan(PlainSpan):
         self.description: str | None = None
         self._ended = False
         self._span_id = 0  # made when someone needs it (`span_id`)
+
+    def __enter__(self) -> RecordedSpan:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: object) -> None:
+        if exc is not None:
+            mark_error(self, exc)
+        self.end()
 
     def span_id(self) -> int:
         span_id = self._span_id

@@ -1,8 +1,8 @@
 """Finished spans as plain values: what the gateway hands to the exporter process.
 
 One record is one request's spans (or one span ending on its own), as tuples of
-ints, strings, floats, dicts and lists only, so a batch of records pickles fast
-and unpickles without importing anything:
+ints, strings, floats, dicts and lists only, so a batch of records marshals fast
+and loads without importing anything:
 
     record = (scope, trace_id, trace_state, root, children)
     scope  = (name, version, schema_url)             # the instrumentation scope
