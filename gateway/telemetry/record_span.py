@@ -9,7 +9,7 @@ state — and id generator), but kept as a few ints, not a span object. A child
 (`RecordedSpan`) keeps its name, kind, two clock readings, its attribute dict and
 its events; its id is made only when someone asks for it (the upstream CLIENT
 span, for `traceparent`), the exporter process makes the others. The root's own
-attributes leave as the request's facts (`root_facts.py`), made into attributes
+attributes leave as the request's facts (`span_facts.py`), made into attributes
 by the exporter process. When the root ends, the request becomes one tuple
 (`span_records.py`) appended to the pipe's queue.
 """
@@ -43,7 +43,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from gateway.telemetry.light_span import SAMPLED, PlainSpan
-from gateway.telemetry.root_facts import Facts, note_status
+from gateway.telemetry.span_facts import Facts, note_status
 from gateway.telemetry.span_records import Record
 from gateway.telemetry.spans import (
     UNRECORDED_STEP,
@@ -173,11 +173,14 @@ class RecordedTrace:
             return UNRECORDED_STEP
         return RecordedSpan(self, name, _INTERNAL, clean(attributes) if attributes else {})
 
-    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
-        """The CLIENT span of one upstream attempt."""
+    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None,
+                       facts: Facts | None = None) -> Span:
+        """The CLIENT span of one upstream attempt, with its `facts` (`span_facts.py`)."""
         if not self.recording:
             return INVALID_SPAN
-        return RecordedSpan(self, name, _CLIENT, clean(attributes) if attributes else {})
+        span = RecordedSpan(self, name, _CLIENT, clean(attributes) if attributes else {})
+        span.facts = facts
+        return span
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
         """`traceparent` (and `tracestate`) for `span`, as the W3C propagator writes
@@ -208,7 +211,7 @@ class RecordedTrace:
         sink.append((sink.scope_key, self._trace_id, _state(self._state), (
             self._span_id, parent.span_id if parent is not None else 0,
             parent is not None and parent.is_remote, self._name, _SERVER, self._start,
-            time_ns(), (attributes, facts) if facts is not None else attributes, [], code,
+            time_ns(), attributes if facts is None else (attributes, facts), [], code,
             None, (), 0), self._held))
         self._held = []
 
@@ -217,7 +220,8 @@ class RecordedTrace:
         sink = self._sink
         sink.append((sink.scope_key, self._trace_id, _state(self._state), (
             span._span_id, self._span_id, False, span.name, span.kind, span.start_time,
-            span.end_time, span.attributes, span.events, span.code, span.description, (), 0),
+            span.end_time, span.attributes_or_facts(), span.events, span.code,
+            span.description, (), 0),
             ()))
 
 
@@ -229,7 +233,7 @@ class RecordedSpan(PlainSpan):
     """A child of a `RecordedTrace`, kept as plain values until the request's record."""
 
     __slots__ = ("_ended", "_root", "_span_id", "attributes", "code", "description",
-                 "end_time", "events", "kind", "name", "start_time")
+                 "end_time", "events", "facts", "kind", "name", "start_time")
 
     def __init__(self, root: RecordedTrace, name: str, kind: int,
                  attributes: dict[str, Any]) -> None:
@@ -242,6 +246,12 @@ class RecordedSpan(PlainSpan):
         self.description: str | None = None
         self._ended = False
         self._span_id = 0  # made when someone needs it (`span_id`)
+        self.facts: Facts | None = None  # attributes the exporter process makes
+
+    def attributes_or_facts(self) -> Any:
+        """What a record holds as this span's attributes (see `span_records.py`)."""
+        facts = self.facts
+        return self.attributes if facts is None else (self.attributes, facts)
 
     def __enter__(self) -> RecordedSpan:
         return self
@@ -285,6 +295,8 @@ class RecordedSpan(PlainSpan):
         if root._ended:
             root.late(self)
             return
+        facts = self.facts
         root._held.append((self._span_id, self.name, self.kind, self.start_time,
-                           self.end_time, self.attributes, self.events, self.code,
+                           self.end_time, self.attributes if facts is None
+                           else (self.attributes, facts), self.events, self.code,
                            self.description))

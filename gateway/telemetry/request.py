@@ -29,9 +29,9 @@ from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
 from gateway.telemetry.live import Sample
 from gateway.telemetry.queue_wait import Queued, QueueWait
-from gateway.telemetry.record_span import RecordedTrace
-from gateway.telemetry.root_facts import Facts
-from gateway.telemetry.spans import RequestTrace, clean
+from gateway.telemetry.record_span import RecordedSpan, RecordedTrace
+from gateway.telemetry.span_facts import DECISION, ROOT, UPSTREAM, Facts, attributes_from
+from gateway.telemetry.spans import RequestTrace
 from gateway.telemetry.timing import RequestTimings, TimingSplit
 
 if TYPE_CHECKING:
@@ -185,13 +185,12 @@ class RequestTelemetry:
         if not self.trace.recording:
             return
         if span is not None and span.is_recording():
-            span.set_attributes(clean({
-                a.RG_ROUTE: route, a.RG_BACKEND: backend, a.RG_DECISION_REASON: reason,
-                a.RG_DECISION_ID: decision_id, a.RG_PREDICTED_TTFT_MS: predicted_ttft_ms,
-                a.RG_PREDICTED_TOTAL_MS: predicted_total_ms,
-                a.RG_PREDICTED_COST_USD: predicted_cost_usd,
-                a.RG_CANDIDATES: candidates, a.RG_EXCLUDED: excluded,
-            }))
+            facts = (DECISION, route, backend, reason, decision_id, predicted_ttft_ms,
+                     predicted_total_ms, predicted_cost_usd, candidates, excluded)
+            if type(span) is RecordedSpan:
+                span.facts = facts  # made into attributes by the exporter process
+            else:
+                span.set_attributes(attributes_from(facts))
         # The root repeats only the headline; `backend` is the decision's (a fallback
         # changes `self.backend`).
         self._decided = (backend, decision_id, predicted_ttft_ms)
@@ -249,13 +248,9 @@ class RequestTelemetry:
         self.backend, self.model = backend, model
         system = getattr(target.backend, "type", "openai")
         upstream_name = getattr(target, "upstream_name", None) or model
-        span = self.trace.start_upstream(
-            f"chat {upstream_name}",
-            {a.GEN_AI_OPERATION_NAME: "chat", a.GEN_AI_SYSTEM: system,
-             a.GEN_AI_PROVIDER_NAME: system, a.GEN_AI_REQUEST_MODEL: upstream_name,
-             a.RG_BACKEND: backend, a.RG_ATTEMPT: self.attempts,
-             a.RG_FALLBACK: self.attempts > 1},
-        )
+        span = self.trace.start_upstream(f"chat {upstream_name}", facts=(
+            UPSTREAM, "chat", system, system, upstream_name, backend, self.attempts,
+            self.attempts > 1))
         self.metrics.in_flight_of(backend).inc()
         self.timings.upstream_started()
         self.attempt = UpstreamAttempt(self, span, backend, model)
@@ -322,11 +317,11 @@ class RequestTelemetry:
         return self.finish(status if status is not None else 500, error_code=error_code)
 
     def _facts(self, split: TimingSplit) -> Facts:
-        """The root span's facts, in the order of `root_facts.ROOT_FACTS`."""
+        """The root span's facts (`span_facts.KEYS[ROOT]`)."""
         backend, decision_id, predicted_ttft_ms = self._decided
         prompt, completion = self._content
         return (
-            self.tenant, self.requested_model, self._stream_fact, self._operation,
+            ROOT, self.tenant, self.requested_model, self._stream_fact, self._operation,
             self._max_tokens, self._temperature,
             self.route, backend, self.reason, decision_id, predicted_ttft_ms,
             prompt, completion,

@@ -14,9 +14,10 @@ and loads without importing anything:
     event  = (name, timestamp_ns, attributes | None)
     link   = (trace_id, span_id, is_remote, attributes | None)
 
-A request's root (`record_span.RecordedTrace`) leaves its attributes as a pair
-`(attributes, facts)`: the few it was given, and the request's facts, which
-`expanded` makes into the rest (`root_facts.py`) in the exporter process.
+A span of the request path (`record_span.py`) may leave its attributes as a pair
+`(attributes, facts)`: the few it was given, and a facts tuple (`span_facts.py`:
+the request's, the routing decision's, an upstream attempt's), which `expanded`
+makes into the rest in the exporter process.
 
 `parent_id` 0 means no parent; a `span_id` of 0 means nobody outside the gateway
 has seen the span's id (only the upstream CLIENT span's goes out, in
@@ -32,11 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from gateway.telemetry.root_facts import root_attributes
+from gateway.telemetry.span_facts import attributes_from
 
 Record = tuple[Any, ...]
 ROOT = 3  # the root's index in a record
 ROOT_ATTRIBUTES = 7  # the attributes' index in a root
+CHILD_ATTRIBUTES = 5  # and in a child
 CHILDREN = 4
 
 
@@ -151,15 +153,22 @@ class SpansOf:
 
 
 def expanded(record: Record) -> Record:
-    """`record` with its root's facts made into attributes (the record as it is when
-    its root has a plain attribute dict)."""
-    root = record[ROOT]
+    """`record` with its spans' facts made into attributes."""
+    root, children = record[ROOT], record[CHILDREN]
     attributes = root[ROOT_ATTRIBUTES]
-    if type(attributes) is not tuple:
-        return record
-    given, facts = attributes
-    return (*record[:ROOT], (*root[:ROOT_ATTRIBUTES], {**given, **root_attributes(facts)},
-                             *root[ROOT_ATTRIBUTES + 1:]), record[CHILDREN])
+    if type(attributes) is tuple:
+        root = (*root[:ROOT_ATTRIBUTES], _attributes(attributes), *root[ROOT_ATTRIBUTES + 1:])
+    if any(type(child[CHILD_ATTRIBUTES]) is tuple for child in children):
+        children = [(*child[:CHILD_ATTRIBUTES], _attributes(child[CHILD_ATTRIBUTES]),
+                     *child[CHILD_ATTRIBUTES + 1:])
+                    if type(child[CHILD_ATTRIBUTES]) is tuple else child
+                    for child in children]
+    return (*record[:ROOT], root, children)
+
+
+def _attributes(given_and_facts: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+    given, facts = given_and_facts
+    return {**given, **attributes_from(facts)}
 
 
 def span_count(records: Iterable[Record]) -> int:

@@ -24,8 +24,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.telemetry.light_span import ChildSpans
-from gateway.telemetry.root_facts import Facts, note_status, root_attributes
 from gateway.telemetry.semconv import ERROR_TYPE
+from gateway.telemetry.span_facts import Facts, attributes_from, note_status
 
 TRACER_NAME = "routegate.gateway"
 
@@ -163,10 +163,14 @@ class RequestTrace:
             return UNRECORDED_STEP  # nothing to mark or end (see start())
         return Step(self.start(name, attributes))
 
-    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
-        """The CLIENT span of one upstream attempt."""
+    def start_upstream(self, name: str, attributes: Mapping[str, Any] | None = None,
+                       facts: Facts | None = None) -> Span:
+        """The CLIENT span of one upstream attempt; `facts` (`span_facts.py`) add to
+        `attributes`."""
         if not self.recording:
             return self._root  # see start()
+        if facts is not None:
+            attributes = {**(attributes or {}), **attributes_from(facts)}
         if self._children is not None:
             return self._children.start(name, self._root_context, SpanKind.CLIENT,
                                         clean(attributes) if attributes else {}, self._root)
@@ -200,8 +204,8 @@ class RequestTrace:
         self._root.end()
 
     def close(self, facts: Facts, status_code: int, error_type: str | None = None) -> None:
-        """End a recording root with the request's facts (`root_facts.py`) as attributes."""
-        self.set(root_attributes(facts))
+        """End a recording root with the request's facts (`span_facts.py`) as attributes."""
+        self.set(attributes_from(facts))
         self.end(status_code, error_type)
 
 
