@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
-from gateway.telemetry import semconv as a
+from gateway.telemetry.record_span import give_facts
+from gateway.telemetry.span_facts import QUEUE
 from gateway.telemetry.spans import mark_error
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class QueueWait:
     def begin(self) -> Span:
         tel = self._tel
         self._gauge = tel.metrics.queue_depth_of(self._backend)
-        self.span = tel.trace.start("routegate.queue.wait", {a.RG_BACKEND: self._backend})
+        self.span = tel.trace.start("routegate.queue.wait")
         self._reported_before = tel.timings.queue_s
         tel.timings.queue_started()
         self._gauge.inc()
@@ -44,7 +45,7 @@ class QueueWait:
         if reported:  # the queue's own figure wins; do not count the wait twice
             timings.queue_s -= waited_s
         if span.is_recording():
-            span.set_attribute(a.RG_QUEUE_WAIT_MS, round(waited_s * 1000.0, 3))
+            give_facts(span, (QUEUE, self._backend, round(waited_s * 1000.0, 3)))
         span.end()
 
     async def __aenter__(self) -> Span:

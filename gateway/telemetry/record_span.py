@@ -43,7 +43,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from gateway.telemetry.light_span import SAMPLED, PlainSpan
-from gateway.telemetry.span_facts import Facts, note_status
+from gateway.telemetry.span_facts import Facts, attributes_from, note_status
 from gateway.telemetry.span_records import Record
 from gateway.telemetry.spans import (
     UNRECORDED_STEP,
@@ -211,7 +211,7 @@ class RecordedTrace:
         sink.append((sink.scope_key, self._trace_id, _state(self._state), (
             self._span_id, parent.span_id if parent is not None else 0,
             parent is not None and parent.is_remote, self._name, _SERVER, self._start,
-            time_ns(), attributes if facts is None else (attributes, facts), [], code,
+            time_ns(), attributes if facts is None else (attributes, facts), (), code,
             None, (), 0), self._held))
         self._held = []
 
@@ -223,6 +223,15 @@ class RecordedTrace:
             span.end_time, span.attributes_or_facts(), span.events, span.code,
             span.description, (), 0),
             ()))
+
+
+def give_facts(span: Span, facts: Facts) -> None:
+    """`facts` (`span_facts.py`) for a recording `span`: kept as they are by a
+    `RecordedSpan` (the exporter process makes its attributes), else its attributes."""
+    if type(span) is RecordedSpan:
+        span.facts = facts
+    elif span.is_recording():
+        span.set_attributes(attributes_from(facts))
 
 
 def _state(state: TraceState | None) -> dict[str, str] | None:
@@ -241,7 +250,7 @@ class RecordedSpan(PlainSpan):
         self.end_time = 0
         self._root, self.name, self.kind = root, name, kind
         self.attributes = attributes  # the caller's fresh dict, as on a `LightSpan`
-        self.events: list[tuple[str, int, Any]] = []
+        self.events: tuple[tuple[str, int, Any], ...] = ()  # rare: no list for none
         self.code: int = 0  # StatusCode.UNSET
         self.description: str | None = None
         self._ended = False
@@ -275,8 +284,8 @@ class RecordedSpan(PlainSpan):
     def add_event(self, name: str, attributes: Attributes = None,
                   timestamp: int | None = None) -> None:
         if not self._ended:
-            self.events.append((name, timestamp or time_ns(),
-                                dict(attributes) if attributes else None))
+            self.events += ((name, timestamp or time_ns(),
+                             dict(attributes) if attributes else None),)
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if not self._ended:

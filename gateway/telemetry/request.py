@@ -29,8 +29,8 @@ from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
 from gateway.telemetry.live import Sample
 from gateway.telemetry.queue_wait import Queued, QueueWait
-from gateway.telemetry.record_span import RecordedSpan, RecordedTrace
-from gateway.telemetry.span_facts import DECISION, ROOT, UPSTREAM, Facts, attributes_from
+from gateway.telemetry.record_span import RecordedTrace, give_facts
+from gateway.telemetry.span_facts import DECISION, ROOT, UPSTREAM, Facts
 from gateway.telemetry.spans import RequestTrace
 from gateway.telemetry.timing import RequestTimings, TimingSplit
 
@@ -187,10 +187,7 @@ class RequestTelemetry:
         if span is not None and span.is_recording():
             facts = (DECISION, route, backend, reason, decision_id, predicted_ttft_ms,
                      predicted_total_ms, predicted_cost_usd, candidates, excluded)
-            if type(span) is RecordedSpan:
-                span.facts = facts  # made into attributes by the exporter process
-            else:
-                span.set_attributes(attributes_from(facts))
+            give_facts(span, facts)
         # The root repeats only the headline; `backend` is the decision's (a fallback
         # changes `self.backend`).
         self._decided = (backend, decision_id, predicted_ttft_ms)

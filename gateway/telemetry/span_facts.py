@@ -1,7 +1,7 @@
 """Span attributes made from a request's facts, in one place for every export path.
 
 `RequestTelemetry` keeps what it learns as plain values and hands a span its facts
-as one tuple: a kind (`ROOT`, `DECISION`, `UPSTREAM`), then one value per key of
+as one tuple: a kind (`ROOT`, `DECISION`, `UPSTREAM`, `QUEUE`), then one value per key of
 that kind, in order. On the in-process paths a span's attributes are made from it
 at once (`attributes_from`); a request recorded for the exporter process carries
 the tuples themselves, and the exporter process makes the same attributes from
@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.telemetry import semconv as a
 
-ROOT, DECISION, UPSTREAM = 0, 1, 2  # what a facts tuple's values are (its first item)
+ROOT, DECISION, UPSTREAM, QUEUE = 0, 1, 2, 3  # what a facts tuple's values are (its first item)
 
 # The attribute each value of a kind's facts becomes (None: left out).
 KEYS: tuple[tuple[str, ...], ...] = (
@@ -39,6 +39,7 @@ KEYS: tuple[tuple[str, ...], ...] = (
         a.GEN_AI_OPERATION_NAME, a.GEN_AI_SYSTEM, a.GEN_AI_PROVIDER_NAME,
         a.GEN_AI_REQUEST_MODEL, a.RG_BACKEND, a.RG_ATTEMPT, a.RG_FALLBACK,
     ),
+    (a.RG_BACKEND, a.RG_QUEUE_WAIT_MS),  # QUEUE: the wait for a backend slot (`QueueWait`)
 )
 
 Facts = tuple[Any, ...]  # (kind, value, value, …)
