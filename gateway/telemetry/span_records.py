@@ -153,12 +153,16 @@ class SpansOf:
 
 
 def expanded(record: Record) -> Record:
-    """`record` with its spans' facts made into attributes."""
+    """`record` with its spans' facts made into attributes (itself when it has none)."""
     root, children = record[ROOT], record[CHILDREN]
-    attributes = root[ROOT_ATTRIBUTES]
-    if type(attributes) is tuple:
-        root = (*root[:ROOT_ATTRIBUTES], _attributes(attributes), *root[ROOT_ATTRIBUTES + 1:])
-    if any(type(child[CHILD_ATTRIBUTES]) is tuple for child in children):
+    root_facts = type(root[ROOT_ATTRIBUTES]) is tuple
+    children_facts = any(type(child[CHILD_ATTRIBUTES]) is tuple for child in children)
+    if not root_facts and not children_facts:
+        return record
+    if root_facts:
+        root = (*root[:ROOT_ATTRIBUTES], _attributes(root[ROOT_ATTRIBUTES]),
+                *root[ROOT_ATTRIBUTES + 1:])
+    if children_facts:
         children = [(*child[:CHILD_ATTRIBUTES], _attributes(child[CHILD_ATTRIBUTES]),
                      *child[CHILD_ATTRIBUTES + 1:])
                     if type(child[CHILD_ATTRIBUTES]) is tuple else child
