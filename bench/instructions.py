@@ -1,5 +1,8 @@
 """Instructions per proxied request, counted by valgrind (callgrind): the bare aiohttp
-proxy and the routegate variants of `bench/overhead.py`, side by side in one run.
+proxy and the routegate variants of `bench/overhead.py`, side by side in one run, and
+"routegate traced": every request traced and exported over OTLP/HTTP to a local
+receiver (only the gateway process is counted; its exporter process runs outside
+valgrind, as `bench/tracing.py` counts "gateway CPU").
 
 CPU time per request on a shared 2-core machine moves by ±10 % from run to run, more
 than most single changes to the hot path save. An instruction count of the same code on
