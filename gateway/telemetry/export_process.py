@@ -162,6 +162,22 @@ def serve(sock: socket.socket, post: Any = None) -> int:
     return 0
 
 
+def lower_autogroup_priority(path: str = "/proc/self/autogroup") -> bool:
+    """Give this process's scheduler autogroup the exporter's nice value too.
+
+    This process runs in a session of its own (a Ctrl-C for the gateway must not cut
+    its flush short), and where the kernel groups tasks by session (Linux autogroup),
+    a process's own nice value only ranks it within its session: against the gateway
+    and everything else it would still get an equal share of a busy core. False where
+    there is no autogroup (another OS, autogroup off, a cgroup-managed service)."""
+    try:
+        with open(path, "w") as autogroup:
+            autogroup.write(str(EXPORTER_NICE))
+    except OSError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     # The gateway decides when this ends (it closes its end); a Ctrl-C meant for it must
@@ -170,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     # Background work: on a host with no idle core, serving requests comes first (if
     # this then falls behind, the gateway drops spans and counts them).
     os.nice(EXPORTER_NICE)
+    lower_autogroup_priority()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     with socket.socket(fileno=int(args[0])) as sock:
         sock.setblocking(True)

@@ -22,6 +22,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 
+from gateway.telemetry.export_process import lower_autogroup_priority
 from gateway.telemetry.otlp_post import ExportConfig
 from gateway.telemetry.record_span import RecordSpans
 from gateway.telemetry.service import Telemetry
@@ -84,6 +85,35 @@ async def test_the_environments_otlp_http_export_runs_in_a_separate_process(
     spans = await receiver.wait_for(lambda s: len(s) == SPANS)
     assert {s.trace_id for s in spans} == {tel.trace_id}
     await asyncio.to_thread(provider.shutdown)
+
+
+async def test_the_exporter_process_runs_below_the_gateway_even_in_a_session_of_its_own(
+    receiver_url: str,
+) -> None:
+    telemetry, pipe, provider = piped(receiver_url)
+    await scripted_request(telemetry)
+    assert await asyncio.to_thread(pipe.force_flush)
+    assert pipe.process is not None
+    pid = pipe.process.pid
+    assert os.getsid(pid) == pid != os.getsid(0)  # Ctrl-C for the gateway does not reach it
+    assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10
+    if autogroup_nice(os.getpid()) is not None:  # Linux with autogroup: per session
+        assert autogroup_nice(pid) == 10
+    await asyncio.to_thread(provider.shutdown)
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of `pid`'s scheduler autogroup; None where there is none."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except OSError:
+        return None
+
+
+def test_the_autogroup_priority_is_best_effort(tmp_path: Path) -> None:
+    target = tmp_path / "autogroup"
+    assert lower_autogroup_priority(str(target)) and target.read_text() == "10"
+    assert not lower_autogroup_priority(str(tmp_path / "missing" / "autogroup"))
 
 
 async def test_shutdown_exports_what_is_queued_and_the_process_exits(
