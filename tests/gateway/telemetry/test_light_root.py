@@ -2,50 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
-    Decision,
     ParentBased,
     Sampler,
-    SamplingResult,
 )
 from opentelemetry.trace import (
-    Link,
     NonRecordingSpan,
     SpanKind,
-    TraceState,
-    get_current_span,
 )
 
 from gateway.telemetry.light_span import ChildSpans, LightSpan
 from gateway.telemetry.spans import extract_parent, tracer_of
-
-INBOUND = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-           "tracestate": "vendor=abc"}
-UNSAMPLED = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
-
-
-class Tagging(Sampler):
-    """Samples, adds an attribute and a trace-state entry: both must reach the span."""
-
-    def should_sample(self, parent_context: Context | None, trace_id: int, name: str,
-                      kind: SpanKind | None = None, attributes: Any = None,
-                      links: Sequence[Link] | None = None,
-                      trace_state: TraceState | None = None) -> SamplingResult:
-        state = get_current_span(parent_context).get_span_context().trace_state or TraceState()
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, {**(attributes or {}), "sampled.by": "t"},
-                              state.add("rg", "1"))
-
-    def get_description(self) -> str:
-        return "Tagging"
+from tests.gateway.telemetry.sampling import INBOUND, UNSAMPLED, Tagging
 
 
 def both(sampler: Sampler, headers: dict[str, str]) -> tuple[Any, Any, list[ReadableSpan]]:

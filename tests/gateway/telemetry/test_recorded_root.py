@@ -3,56 +3,33 @@ would sample it, whatever the sampler and the inbound `traceparent`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
 import pytest
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider, _TracerConfig
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider, _TracerConfig
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
-    Decision,
     ParentBased,
     Sampler,
-    SamplingResult,
     TraceIdRatioBased,
 )
 from opentelemetry.trace import (
     INVALID_SPAN,
-    Link,
     SpanKind,
-    TraceState,
-    get_current_span,
     set_span_in_context,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.telemetry.record_span import RecordedTrace, RecordSpans
-from gateway.telemetry.span_records import Record, Resource, SpansOf
+from gateway.telemetry.span_records import Resource, SpansOf
 from gateway.telemetry.spans import extract_parent, tracer_of
+from tests.gateway.telemetry.sampling import INBOUND, UNSAMPLED, Kept, Tagging
 
-INBOUND = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-           "tracestate": "vendor=abc"}
-UNSAMPLED = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
 ATTRIBUTES = {"http.route": "/v1/chat/completions", "routegate.request_id": "r1"}
-
-
-class Tagging(Sampler):
-    """Samples, adds an attribute and a trace-state entry: both must reach the record."""
-
-    def should_sample(self, parent_context: Context | None, trace_id: int, name: str,
-                      kind: SpanKind | None = None, attributes: Any = None,
-                      links: Sequence[Link] | None = None,
-                      trace_state: TraceState | None = None) -> SamplingResult:
-        state = get_current_span(parent_context).get_span_context().trace_state or TraceState()
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, {**(attributes or {}), "sampled.by": "t"},
-                              state.add("rg", "1"))
-
-    def get_description(self) -> str:
-        return "Tagging"
 
 
 class Sequential(IdGenerator):
@@ -72,16 +49,6 @@ class Sequential(IdGenerator):
 
     def is_trace_id_random(self) -> bool:
         return self._random
-
-
-class Kept(SpanProcessor):
-    takes_records = True
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def append(self, record: Record) -> None:
-        self.records.append(record)
 
 
 def sdk_root(provider: TracerProvider, headers: dict[str, str]) -> Any:

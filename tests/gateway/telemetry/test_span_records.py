@@ -5,10 +5,9 @@ from __future__ import annotations
 from itertools import count
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -28,33 +27,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from gateway.telemetry.otlp_encode import OtlpEncoder
 from gateway.telemetry.record_span import RecordedSpan, RecordSpans
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.span_records import Record, Resource, Scope, Span, SpansOf, record_of
+from gateway.telemetry.span_records import Resource, Scope, Span, SpansOf
 from gateway.telemetry.tracing import resource_from_env
 from tests.gateway.telemetry.fake_clock import FakeClock
+from tests.gateway.telemetry.sampling import Kept
 from tests.gateway.telemetry.scripted_request import scripted_request
 
 INBOUND = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
            "tracestate": "vendor=abc"}
-
-
-class Kept(SpanProcessor):
-    """A records sink that keeps what it is given (the seam `SpanPipe` fills)."""
-
-    takes_records = True
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def append(self, record: Record) -> None:
-        self.records.append(record)
-
-    def on_end(self, span: ReadableSpan) -> None:
-        scope = span.instrumentation_scope
-        assert scope is not None
-        self.records.append(record_of(span, (scope.name, scope.version, scope.schema_url)))
-
-    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
-        return None
 
 
 def recorded() -> tuple[Telemetry, Kept]:
