@@ -73,6 +73,7 @@ class Pipeline:
             tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None)
             await self.read_body(ctx)
             self.parse(ctx)
+            tel.requested(ctx.body)
             tel.identify(requested_model=ctx.model, stream=ctx.stream,
                          operation=ctx.endpoint.name, max_tokens=ctx.body.get("max_tokens"),
                          temperature=ctx.body.get("temperature"))

@@ -199,7 +199,7 @@ class ComplianceRule(FileModel):
 class Compliance(FileModel):
     pii: PiiPolicy = PiiPolicy()
     rules: list[ComplianceRule] = []
-    record_content: bool = False  # prompts/completions in spans and logs
+    record_content: bool = False  # prompt and completion text on traced root spans (never logs)
 
 
 class Limits(FileModel):

@@ -27,6 +27,7 @@ from opentelemetry.trace import Span
 from gateway.telemetry import semconv as a
 from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
+from gateway.telemetry.content import StreamText, completion_text, prompt_text
 from gateway.telemetry.live import Sample
 from gateway.telemetry.queue_wait import Queued, QueueWait
 from gateway.telemetry.record_span import RecordedTrace, give_facts
@@ -50,7 +51,8 @@ class RequestTelemetry:
     _max_tokens: int | None = None
     _temperature: float | None = None
     _decided: tuple[str | None, str | None, float | None] = (None, None, None)
-    _content: tuple[str | None, str | None] = (None, None)
+    _content: tuple[str | None, str | None] = (None, None)  # prompt, completion
+    _stream_text: StreamText | None = None  # a stream's completion, as it is relayed
 
     def __init__(
         self,
@@ -83,7 +85,8 @@ class RequestTelemetry:
         else:
             self.trace = RequestTrace.untraced(headers)
         self.request_id, self.method, self.path = request_id, method, path
-        self.record_content = record_content
+        # prompt and completion text: only on a recorded root, only when the policy says
+        self.record_content = record_content and self.trace.recording
         self.tenant: str | None = None
         self.priority = "normal"  # the tenant's queue band: a label of queue waits and sheds
         self.route: str | None = None
@@ -256,15 +259,26 @@ class RequestTelemetry:
         return self.attempt
 
     # what the relay sees, for the current attempt ---------------------------
+    def requested(self, body: Mapping[str, Any]) -> None:
+        """The parsed request body: its prompt, when the policy records content."""
+        if self.record_content:
+            self._content = (prompt_text(body), self._content[1])
+
     def relayed(self, data: bytes) -> None:
         """SSE bytes about to be written to the client."""
         if self.attempt is not None and data:
             self.attempt.relayed(data)
+            if self.record_content:
+                if self._stream_text is None:
+                    self._stream_text = StreamText()
+                self._stream_text.feed(data)
 
     def response_json(self, body: Mapping[str, Any]) -> None:
         """A successful non-streamed JSON response, parsed once by the relay."""
         if self.attempt is not None:
             self.attempt.body(body)
+            if self.record_content:
+                self._content = (self._content[0], completion_text(body))
 
     def final_chunk(self, chunk: Mapping[str, Any] | None) -> None:
         """A stream's last JSON chunk (usage, and a backend's timings when it sends them)."""
@@ -317,6 +331,8 @@ class RequestTelemetry:
         """The root span's facts (`span_facts.KEYS[ROOT]`)."""
         backend, decision_id, predicted_ttft_ms = self._decided
         prompt, completion = self._content
+        if completion is None and self._stream_text is not None:
+            completion = self._stream_text.text()
         return (
             ROOT, self.tenant, self.requested_model, self._stream_fact, self._operation,
             self._max_tokens, self._temperature,
