@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, MutableMapping
 from time import time_ns
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import (
     Decision,
     ParentBased,
@@ -126,23 +125,23 @@ class RecordSpans:
         if random_id:
             flags |= TraceFlags.RANDOM_TRACE_ID
         return RecordedTrace(self, name, trace_id, ids.generate_span_id(), flags, state,
-                             parent, inbound, attributes, recording)
+                             parent, attributes, recording)
 
 
 class RecordedTrace:
     """One request's trace, recorded as plain values (see the module docstring); the
     same calls as `RequestTrace`."""
 
-    __slots__ = ("_attributes", "_ended", "_flags", "_held", "_inbound", "_name", "_parent",
-                 "_sink", "_span_id", "_start", "_state", "_trace_id", "recording")
+    __slots__ = ("_attributes", "_ended", "_flags", "_held", "_name", "_parent", "_sink",
+                 "_span_id", "_start", "_state", "_trace_id", "recording")
 
     def __init__(self, sink: RecordSpans, name: str, trace_id: int, span_id: int, flags: int,
-                 state: TraceState | None, parent: SpanContext | None, inbound: Context,
+                 state: TraceState | None, parent: SpanContext | None,
                  attributes: dict[str, Any], recording: bool) -> None:
         self._start = time_ns()
         self._sink, self._name = sink, name
         self._trace_id, self._span_id, self._flags = trace_id, span_id, flags
-        self._state, self._parent, self._inbound = state, parent, inbound
+        self._state, self._parent = state, parent
         self._attributes = attributes
         self.recording = recording
         self._ended = False
