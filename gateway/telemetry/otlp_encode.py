@@ -95,6 +95,16 @@ def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
 
 
+class EncodedBatch:
+    """Spans encoded so far for one export request, by scope (`OtlpEncoder.add_record`)."""
+
+    __slots__ = ("by_scope", "spans")
+
+    def __init__(self) -> None:
+        self.by_scope: dict[Any, tuple[Any, list[bytes]]] = {}
+        self.spans = 0
+
+
 class OtlpEncoder:
     """One per exporter (its caches are not shared; the batch thread is its only user)."""
 
@@ -133,25 +143,37 @@ class OtlpEncoder:
         makes the ids a record leaves to the exporter (0). The same bytes as `request`
         of the spans `span_records.SpansOf` makes of them with the same ids. Attributes
         left as `(attributes, facts)` are encoded from the facts directly."""
-        by_scope: dict[Any, tuple[Any, list[bytes]]] = {}
+        batch = EncodedBatch()
+        for record in records:
+            self.add_record(batch, record, scope_of, new_span_id)
+        return self.request_of(batch, resource)
+
+    def add_record(self, batch: EncodedBatch, record: Record,
+                   scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> None:
+        """Encode one record's spans into `batch` (see `records`)."""
+        scope_key, trace_id, state, root, children = record
+        by_scope = batch.by_scope
+        entry = by_scope.get(scope_key)
+        if entry is None:
+            entry = by_scope[scope_key] = (scope_of(scope_key), [])
+        encoded = entry[1]
         fields = self._fields
-        for scope_key, trace_id, state, root, children in records:
-            entry = by_scope.get(scope_key)
-            if entry is None:
-                entry = by_scope[scope_key] = (scope_of(scope_key), [])
-            encoded = entry[1]
-            root_id = root[0] or new_span_id()
-            for (span_id, name, kind, start, end, attributes, events, code,
-                 description) in children:
-                encoded.append(fields(trace_id, span_id or new_span_id(), state, root_id,
-                                      False, name, kind, start, end, attributes, 0, events,
-                                      (), code, description))
-            (_, parent_id, remote, name, kind, start, end, attributes, events, code,
-             description, links, dropped) = root
-            encoded.append(fields(trace_id, root_id, state, parent_id, remote, name, kind,
-                                  start, end, attributes, dropped, events, links, code,
-                                  description))
-        return self._resource_spans(resource, by_scope.values())
+        root_id = root[0] or new_span_id()
+        for (span_id, name, kind, start, end, attributes, events, code,
+             description) in children:
+            encoded.append(fields(trace_id, span_id or new_span_id(), state, root_id,
+                                  False, name, kind, start, end, attributes, 0, events,
+                                  (), code, description))
+        (_, parent_id, remote, name, kind, start, end, attributes, events, code,
+         description, links, dropped) = root
+        encoded.append(fields(trace_id, root_id, state, parent_id, remote, name, kind,
+                              start, end, attributes, dropped, events, links, code,
+                              description))
+        batch.spans += 1 + len(children)
+
+    def request_of(self, batch: EncodedBatch, resource: Any) -> bytes:
+        """The ExportTraceServiceRequest bytes of what `batch` holds."""
+        return self._resource_spans(resource, batch.by_scope.values())
 
     def _resource_spans(self, resource: Any,
                         by_scope: Iterable[tuple[Any, list[bytes]]]) -> bytes:

@@ -5,8 +5,8 @@ bounded deque: marshalled at once, the request's span objects are freed with it
 instead of living on until the hand-off (which costs the garbage collector more than
 the marshalling; `marshal` writes the records' plain values faster than `pickle`, and
 both ends run the same interpreter). A hand-off thread wakes every `handoff_s`
-(≤ 0.2 s), or as soon as a batch's worth is waiting, joins what is there into one
-frame and writes it to a non-blocking Unix socket whose other end is the exporter process
+(≤ 0.2 s), or as soon as `HANDOFF_RECORDS` requests are waiting, joins what is there
+into one frame and writes it to a non-blocking Unix socket whose other end is the exporter process
 (`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
 exporter: a full deque, a full socket or a dead exporter drops the spans and
 counts them (`dropped_spans`, and a log line), as the SDK's batch processor drops
@@ -60,6 +60,9 @@ log = logging.getLogger("routegate.tracing")
 
 MARSHAL_VERSION = 4  # what `export_process` reads (the same interpreter)
 HANDOFF_S = 0.2  # the longest a finished request's spans wait in the gateway process
+# Requests handed off together at most: the exporter process encodes each frame as it
+# arrives, so small frames spread its work (a batch's worth at once held a core ~10 ms).
+HANDOFF_RECORDS = 32
 SOCKET_BUFFER_BYTES = 4 << 20  # what the exporter may fall behind by before drops
 RESTART_AFTER_S = 5.0
 STOP_TIMEOUT_S = 5.0
@@ -82,7 +85,8 @@ class SpanPipe(SpanProcessor):
                         "schedule_delay_s": schedule_delay_s}
         self._queue: deque[tuple[int, bytes]] = deque()  # (spans, marshalled record)
         self._max_records = max(1, max_queue_spans // SPANS_PER_REQUEST)
-        self._batch_records = max(1, max_batch_spans // SPANS_PER_REQUEST)
+        self._handoff_records = max(1, min(max_batch_spans // SPANS_PER_REQUEST,
+                                           HANDOFF_RECORDS))
         self._handoff_s = min(handoff_s, schedule_delay_s)
         self._buffer_bytes, self._restart_after_s = buffer_bytes, restart_after_s
         self._command = command or [sys.executable, "-m", "gateway.telemetry.export_process"]
@@ -125,7 +129,7 @@ class SpanPipe(SpanProcessor):
             self._warn("an attribute value cannot be sent to the exporter process")
             return
         queue.append((spans, data))
-        if len(queue) == self._batch_records:
+        if len(queue) == self._handoff_records:
             self._wake.set()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:

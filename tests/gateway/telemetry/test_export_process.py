@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import marshal
 import os
 import signal
 import socket
@@ -22,16 +23,17 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 
-from gateway.telemetry.export_process import lower_autogroup_priority
+from gateway.telemetry.export_process import Exporter, lower_autogroup_priority
 from gateway.telemetry.otlp_post import ExportConfig
 from gateway.telemetry.record_span import RecordSpans
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.span_pipe import SpanPipe
+from gateway.telemetry.span_pipe import MARSHAL_VERSION, SpanPipe
 from gateway.telemetry.tracing import resource_from_env, tracer_provider_from_env
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, decode
+from tests.gateway.telemetry.sampling import Kept
 from tests.gateway.telemetry.scripted_request import scripted_request
 from tests.gateway.telemetry.test_gateway_telemetry import CHAT, post
 
@@ -350,3 +352,37 @@ async def test_spans_the_collector_refuses_are_counted_as_dropped(
     exposition = telemetry.metrics.render()[0].decode()
     assert f"routegate_trace_spans_dropped_total {float(3 * SPANS)}" in exposition
     await asyncio.to_thread(provider.shutdown)
+
+
+async def test_frames_are_encoded_as_they_arrive_and_posted_a_batch_at_a_time() -> None:
+    kept = Kept()
+    provider = TracerProvider(resource=resource_from_env({}, "routegate"))
+    provider.add_span_processor(kept)
+    telemetry = Telemetry(provider=provider)
+    for _ in range(7):
+        await scripted_request(telemetry)
+    posted: list[ExportTraceServiceRequest] = []
+
+    def post(data: bytes) -> bool:
+        posted.append(ExportTraceServiceRequest.FromString(data))
+        return True
+
+    exporter = Exporter({"export": {"endpoint": "http://127.0.0.1:9/v1/traces"},
+                         "resource": {}, "max_batch_spans": 2 * SPANS,
+                         "schedule_delay_s": 5.0}, post)
+    frames = [kept.records[:3], kept.records[3:4], kept.records[4:]]
+    for records in frames:  # as SpanPipe frames them: a marshalled list of records
+        exporter.add(marshal.dumps([marshal.dumps(r, MARSHAL_VERSION) for r in records],
+                                   MARSHAL_VERSION))
+    assert [spans_in(p) for p in posted] == [2 * SPANS, 2 * SPANS, 2 * SPANS]
+    assert exporter.pending_spans == SPANS and exporter.due_in() is not None
+    exporter.export()  # the last, partial batch
+    assert [spans_in(p) for p in posted][-1] == SPANS and exporter.due_in() is None
+    assert exporter.exported == 7 * SPANS
+    trace_ids = {s.trace_id for p in posted for rs in p.resource_spans
+                 for ss in rs.scope_spans for s in ss.spans}
+    assert len(trace_ids) == 7  # every request once, none split across requests
+
+
+def spans_in(request: ExportTraceServiceRequest) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
