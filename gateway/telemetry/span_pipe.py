@@ -76,7 +76,8 @@ class SpanPipe(SpanProcessor):
     def __init__(self, export: ExportConfig, *, resource: dict[str, Any],
                  schema_url: str = "", max_queue_spans: int = 8192,
                  max_batch_spans: int = 2048, schedule_delay_s: float = 5.0,
-                 handoff_s: float = HANDOFF_S, buffer_bytes: int = SOCKET_BUFFER_BYTES,
+                 handoff_s: float = HANDOFF_S, handoff_records: int = HANDOFF_RECORDS,
+                 buffer_bytes: int = SOCKET_BUFFER_BYTES,
                  restart_after_s: float = RESTART_AFTER_S,
                  command: list[str] | None = None) -> None:
         self._timeout_s = export.timeout_s
@@ -86,7 +87,7 @@ class SpanPipe(SpanProcessor):
         self._queue: deque[tuple[int, bytes]] = deque()  # (spans, marshalled record)
         self._max_records = max(1, max_queue_spans // SPANS_PER_REQUEST)
         self._handoff_records = max(1, min(max_batch_spans // SPANS_PER_REQUEST,
-                                           HANDOFF_RECORDS))
+                                           handoff_records))
         self._handoff_s = min(handoff_s, schedule_delay_s)
         self._buffer_bytes, self._restart_after_s = buffer_bytes, restart_after_s
         self._command = command or [sys.executable, "-m", "gateway.telemetry.export_process"]
