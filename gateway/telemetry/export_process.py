@@ -5,11 +5,12 @@
 FD is this end of a Unix stream socket the gateway (`SpanPipe`) holds the other
 end of; `span_frames.py` says what travels on it.
 
-Spans wait here until a batch is full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`) or the
-oldest has waited `OTEL_BSP_SCHEDULE_DELAY`; then they are encoded (`OtlpEncoder`,
-the same bytes as the in-process exporter) and POSTed (`OtlpPoster`). While a POST
-blocks, the gateway's writes fill the socket and it drops, never waits. End of
-file (the gateway exited, or shut down) exports what is left and exits.
+Each frame's records are encoded as it arrives (`OtlpEncoder`, the same bytes as
+the in-process exporter) into the batch being filled, which is POSTed (`OtlpPoster`)
+when full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`) or when its oldest span has waited
+`OTEL_BSP_SCHEDULE_DELAY`. While a POST blocks, the gateway's writes fill the socket
+and it drops, never waits. End of file (the gateway exited, or shut down) exports
+what is left and exits.
 """
 
 from __future__ import annotations
