@@ -59,8 +59,7 @@ class Exporter:
 
     A frame's records are encoded at once, into the batch being filled: the work
     follows the gateway's pace in small steps instead of one burst per batch, which
-    on a busy host would hold a core for ~10 ms every batch (the requests of the
-    moment felt it as a p99 of 17 ms against 6 ms untraced in `bench/tracing.py`)."""
+    held a core for ~10 ms every batch and slowed the requests in flight then."""
 
     def __init__(self, config: dict[str, Any], post: Any = None) -> None:
         export = ExportConfig(**config["export"])

@@ -20,8 +20,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.telemetry.span_facts import KEYS, UPSTREAM, attributes_from
-from gateway.telemetry.span_records import Record
+from gateway.telemetry.span_records import Record, expanded
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -117,8 +116,6 @@ class OtlpEncoder:
         self._doubles: dict[tuple[bytes, str], bytes] = {}  # a double pair's field head
         self._resources: dict[Any, bytes] = {}
         self._scopes: dict[Any, bytes] = {}
-        # facts that recur whole (an upstream attempt's): their KeyValue fields
-        self._facts_fields: dict[tuple[bytes, Any], bytes] = {}
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then scope. An item
@@ -141,8 +138,8 @@ class OtlpEncoder:
         """ExportTraceServiceRequest bytes of span records (`span_records.py`), all of one
         `resource`; `scope_of` turns a record's scope key into a scope, `new_span_id`
         makes the ids a record leaves to the exporter (0). The same bytes as `request`
-        of the spans `span_records.SpansOf` makes of them with the same ids. Attributes
-        left as `(attributes, facts)` are encoded from the facts directly."""
+        of the spans `span_records.SpansOf` makes of them with the same ids (a record's
+        facts made into attributes the same way, `span_records.expanded`)."""
         batch = EncodedBatch()
         for record in records:
             self.add_record(batch, record, scope_of, new_span_id)
@@ -151,7 +148,7 @@ class OtlpEncoder:
     def add_record(self, batch: EncodedBatch, record: Record,
                    scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> None:
         """Encode one record's spans into `batch` (see `records`)."""
-        scope_key, trace_id, state, root, children = record
+        scope_key, trace_id, state, root, children = expanded(record)
         by_scope = batch.by_scope
         entry = by_scope.get(scope_key)
         if entry is None:
@@ -261,36 +258,10 @@ class OtlpEncoder:
         parts.append(_REMOTE_PARENT if parent_id and parent_remote else _LOCAL)
         return _field(b"\x12", b"".join(parts))
 
-    def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | tuple[Any, Any]
-                    ) -> bytes:
-        if type(attributes) is tuple:  # (attributes, facts) from the request path
-            given, facts = attributes
-            if not given.keys().isdisjoint(KEYS[facts[0]]):  # a fact set again: one key
-                return self._pairs_of(tag, {**given, **attributes_from(facts)}.items())
-            return self._pairs_of(tag, given.items()) + self._facts(tag, facts)
-        return self._pairs_of(tag, attributes.items())  # type: ignore[union-attr]
-
-    def _facts(self, tag: bytes, facts: tuple[Any, ...]) -> bytes:
-        """The KeyValue fields of a facts tuple (`span_facts.py`), without a dict."""
-        try:
-            return self._facts_fields[(tag, facts)]
-        except KeyError:
-            recurs = True
-        except TypeError:  # a list among them (decision candidates): not kept
-            recurs = False
-        known = (pair for pair in zip(KEYS[facts[0]], facts[1:], strict=True)
-                 if pair[1] is not None)
-        encoded = self._pairs_of(tag, known)
-        if recurs and facts[0] == UPSTREAM:  # the same few per backend and attempt
-            if len(self._facts_fields) >= _CACHED_PAIRS_MAX:
-                self._facts_fields.clear()
-            self._facts_fields[(tag, facts)] = encoded
-        return encoded
-
-    def _pairs_of(self, tag: bytes, items: Iterable[tuple[str, Any]]) -> bytes:
+    def _attributes(self, tag: bytes, attributes: Mapping[str, Any]) -> bytes:
         pairs, keys, doubles = self._pairs, self._keys, self._doubles
         out = []
-        for key, value in items:
+        for key, value in attributes.items():
             kind = type(value)
             if (kind is str and len(value) <= _CACHED_STRING_MAX_CHARS) or kind is bool:
                 cached = pairs.get((tag, key, kind, value))

@@ -48,6 +48,7 @@ from gateway.telemetry.spans import (
     UNRECORDED_STEP,
     RequestTrace,
     Step,
+    add_known,
     clean,
     extract_parent,
     mark_error,
@@ -154,10 +155,7 @@ class RecordedTrace:
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Attributes for the root span (None values are left out)."""
         if self.recording and not self._ended:
-            pending = self._attributes
-            for key, value in attributes.items():
-                if value is not None:
-                    pending[key] = value
+            add_known(self._attributes, attributes)
 
     def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """A child of the root (INTERNAL); the caller ends it."""
@@ -303,8 +301,6 @@ class RecordedSpan(PlainSpan):
         if root._ended:
             root.late(self)
             return
-        facts = self.facts
         root._held.append((self._span_id, self.name, self.kind, self.start_time,
-                           self.end_time, self.attributes if facts is None
-                           else (self.attributes, facts), self.events, self.code,
-                           self.description))
+                           self.end_time, self.attributes_or_facts(), self.events,
+                           self.code, self.description))

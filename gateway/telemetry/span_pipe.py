@@ -6,8 +6,8 @@ instead of living on until the hand-off (which costs the garbage collector more 
 the marshalling; `marshal` writes the records' plain values faster than `pickle`, and
 both ends run the same interpreter). A hand-off thread wakes every `handoff_s`
 (≤ 0.2 s), or as soon as `HANDOFF_RECORDS` requests are waiting, joins what is there
-into one frame and writes it to a non-blocking Unix socket whose other end is the exporter process
-(`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
+into one frame and writes it to a non-blocking Unix socket whose other end is the
+exporter process (`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
 exporter: a full deque, a full socket or a dead exporter drops the spans and
 counts them (`dropped_spans`, and a log line), as the SDK's batch processor drops
 rather than blocks; the exporter process reports back the spans it could not
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import marshal
+import pickle
 import select
 import socket
 import subprocess
@@ -34,8 +36,6 @@ import threading
 import time
 from collections import deque
 from itertools import count
-from marshal import dumps as marshal
-from pickle import dumps
 from typing import Any
 
 from opentelemetry.context import Context
@@ -122,7 +122,7 @@ class SpanPipe(SpanProcessor):
             self._warn("the queue is full")
             return
         try:
-            data = marshal(record, MARSHAL_VERSION)
+            data = marshal.dumps(record, MARSHAL_VERSION)
         except (ValueError, TypeError, RecursionError):
             # an attribute value that is not a plain value: a bug of the caller's, which
             # costs its spans, never the request
@@ -170,7 +170,8 @@ class SpanPipe(SpanProcessor):
                 self._drop(sum(spans for spans, _ in items), "the exporter process has gone")
                 return
             spans = sum(spans for spans, _ in items)
-            if self._send(frame(RECORDS, marshal([data for _, data in items], MARSHAL_VERSION))):
+            frame_data = marshal.dumps([data for _, data in items], MARSHAL_VERSION)
+            if self._send(frame(RECORDS, frame_data)):
                 self._in_exporter += spans
             else:
                 self._drop(spans, "the exporter process is behind")
@@ -257,7 +258,7 @@ class SpanPipe(SpanProcessor):
             return
         finally:
             theirs.close()
-        mine.sendall(frame(CONFIG, dumps(self._config)))
+        mine.sendall(frame(CONFIG, pickle.dumps(self._config)))
         mine.setblocking(False)
         self._sock, self._tail, self._replies = mine, b"", bytearray()
 

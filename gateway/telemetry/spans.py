@@ -39,6 +39,13 @@ def clean(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]:
     return {k: v for k, v in attributes.items() if v is not None}
 
 
+def add_known(pending: dict[str, Any], attributes: Mapping[str, Any]) -> None:
+    """`attributes` into `pending`, None values left out (as `clean`)."""
+    for key, value in attributes.items():
+        if value is not None:
+            pending[key] = value
+
+
 def tracer_of(provider: TracerProvider) -> Tracer:
     """The gateway's tracer; get it once per app (a new one per request costs ~20 µs)."""
     return trace.get_tracer(TRACER_NAME, tracer_provider=provider)
@@ -123,10 +130,7 @@ class RequestTrace:
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Attributes for the root span (None values are left out), set when it ends."""
         if self.recording:
-            pending = self._pending
-            for key, value in attributes.items():
-                if value is not None:
-                    pending[key] = value
+            add_known(self._pending, attributes)
 
     def start(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         """A child of the root (INTERNAL); the caller ends it."""

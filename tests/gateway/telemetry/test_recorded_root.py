@@ -56,6 +56,11 @@ def sdk_root(provider: TracerProvider, headers: dict[str, str]) -> Any:
                                           kind=SpanKind.SERVER, attributes=dict(ATTRIBUTES))
 
 
+def parent_of(span: Any) -> tuple[int, bool] | None:
+    parent = span.parent
+    return None if parent is None else (parent.span_id, parent.is_remote)
+
+
 def traceparent_of(span: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(out, context=set_span_in_context(span))
@@ -97,10 +102,7 @@ def test_the_root_is_sampled_and_propagated_as_the_sdk_does(
         sdk_span: ReadableSpan = theirs
         (root,) = SpansOf(Resource({}), count(1).__next__)(kept.records)
         assert root.context.span_id == sdk_span.context.span_id
-        assert root.parent == sdk_span.parent or (
-            root.parent is not None and sdk_span.parent is not None
-            and (root.parent.span_id, root.parent.is_remote)
-            == (sdk_span.parent.span_id, sdk_span.parent.is_remote))
+        assert parent_of(root) == parent_of(sdk_span)
         expected = {**dict(sdk_span.attributes or {}), "http.response.status_code": 200}
         assert root.attributes == expected
     if isinstance(sampler, TraceIdRatioBased) and headers == {}:
