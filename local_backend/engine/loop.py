@@ -285,6 +285,8 @@ class Engine:
             if len(seq.output_ids) >= params.max_tokens:
                 reason = "length"
                 seq.text += detok.flush()
+        logprobs = [lp] if lp is not None else []
+        cut = -1
         if params.stop:
             # Only a match that ends in the new text is new: search from just before it.
             start = max(0, before - max(len(s) for s in params.stop) + 1)
@@ -296,12 +298,16 @@ class Engine:
         upto = max(seq.emitted_chars, len(seq.text) - hold)
         delta = seq.text[seq.emitted_chars : upto]
         seq.emitted_chars = upto
+        if params.stop and params.logprobs is not None:
+            # Logprobs go out with their text: the text after a cut is never sent, nor
+            # are the logprobs of the tokens that began there.
+            frontier = upto if reason is None else cut if cut >= 0 else len(seq.text) + 1
+            logprobs = _release_logprobs(seq, before, logprobs, frontier)
         if reason is not None:
             self._finish(seq, reason, t)
         return RequestOutput(
             seq.request_id, delta, [token], t, finished=reason is not None,
-            finish_reason=reason, logprobs=[lp] if lp is not None else [],
-            **self._counts(seq),
+            finish_reason=reason, logprobs=logprobs, **self._counts(seq),
         )
 
     def _counts(self, seq: Sequence) -> dict[str, typing.Any]:
@@ -348,3 +354,16 @@ def _deliver(items: list[_Delivery]) -> None:
     for sink, output in items:
         sink.put_nowait(output)
 
+
+def _release_logprobs(
+    seq: Sequence, start: int, new: list[TokenLogprob], frontier: int,
+) -> list[TokenLogprob]:
+    """Hold `new` (the logprobs of a token whose text starts at `start`) with the rest,
+    and hand out those of the tokens that start before `frontier`, in order."""
+    seq.held_logprobs.extend((start, lp) for lp in new)
+    released = 0
+    while released < len(seq.held_logprobs) and seq.held_logprobs[released][0] < frontier:
+        released += 1
+    out = [lp for _, lp in seq.held_logprobs[:released]]
+    del seq.held_logprobs[:released]
+    return out

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from local_backend.engine.sampler import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""  # detokenised output, trimmed at a stop string
     emitted_chars: int = 0  # how much of `text` has been handed out
+    # With stop strings, logprobs wait with the text they belong to: (where the token's
+    # text starts in `text`, its logprobs). A token whose text a stop string cuts off
+    # is never reported.
+    held_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:

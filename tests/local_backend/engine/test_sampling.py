@@ -67,6 +67,28 @@ async def test_stop_string_truncates_text_and_is_never_streamed(make_engine: Eng
     assert outputs[-1].finish_reason == "stop"
 
 
+async def test_logprobs_end_where_a_stop_string_cuts_the_text(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    free = [o async for o in engine.generate("free", prompt(6, 8), SamplingParams(
+        max_tokens=30, temperature=0.0, ignore_eos=True, logprobs=0))]
+    starts = [sum(len(o.text) for o in free[:i]) for i in range(len(free))]
+    free_text = "".join(o.text for o in free)
+    stop = free_text[5:8]
+    cut = free_text.index(stop)
+    kept = [o.token_ids[0] for o, begin in zip(free, starts, strict=True) if begin < cut]
+    assert 0 < len(kept) < len(free)
+
+    outputs = [o async for o in engine.generate("stop", prompt(6, 8), SamplingParams(
+        max_tokens=30, temperature=0.0, ignore_eos=True, stop=(stop,), logprobs=0))]
+    assert [lp.token_id for o in outputs for lp in o.logprobs] == kept
+    sent = ""
+    for o in outputs:  # streamed, no logprob runs ahead of the text it belongs to
+        sent += o.text
+        reported = [lp.token_id for out in outputs[: outputs.index(o) + 1]
+                    for lp in out.logprobs]
+        assert all(starts[i] < len(sent) for i in range(len(reported)))
+
+
 def test_logprobs_report_the_chosen_token_and_alternatives() -> None:
     logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
     tokens, lps = Sampler().sample(logits, ["r"], [SamplingParams(temperature=0.0, logprobs=2)])
