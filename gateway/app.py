@@ -58,9 +58,10 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[HOOKS] = hooks
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
-    live.on_swap(_warm_tls_soon)
+    live.on_swap(_warm_tls_soon, recheck=True)
     pool.follow(policy)
-    live.on_swap(pool.follow)  # backends a reload removes close once idle
+    # backends a reload removes close once idle; so do connections trusting a rotated CA
+    live.on_swap(pool.follow, recheck=True)
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs

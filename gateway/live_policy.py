@@ -20,21 +20,32 @@ Listener = Callable[[Policy], None]
 
 
 class LivePolicy:
-    __slots__ = ("_listeners", "_pinned", "current")
+    __slots__ = ("_listeners", "_pinned", "_rechecks", "current")
 
     def __init__(self, policy: Policy) -> None:
         self.current = policy
         self._listeners: list[Listener] = []
+        self._rechecks: list[Listener] = []
         self._pinned: dict[str, tuple[Callable[[Policy], object], object]] = {}
 
-    def on_swap(self, listener: Listener) -> None:
+    def on_swap(self, listener: Listener, *, recheck: bool = False) -> None:
+        """`listener` sees each new policy; with `recheck`, also the running one when a
+        reload finds the file unchanged (files it names, such as CA bundles, may have
+        changed under it)."""
         self._listeners.append(listener)
+        if recheck:
+            self._rechecks.append(listener)
 
     def swap(self, policy: Policy) -> None:
         """Install an already-validated policy; listeners see it before the next request."""
         self.current = policy
         for listener in self._listeners:
             listener(policy)
+
+    def recheck(self) -> None:
+        """A reload found the policy unchanged: tell the listeners that asked."""
+        for listener in self._rechecks:
+            listener(self.current)
 
     def pin(self, setting: str, read: Callable[[Policy], object]) -> None:
         """`setting` (a dotted name, e.g. `limits.store`) keeps the value `read` gives

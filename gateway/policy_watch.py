@@ -12,6 +12,8 @@ result, the log and `GET /admin/policy` name the settings that wait for a restar
 
 Connection pools need no work here: `UpstreamPool` compares each backend's spec
 on use, so an unchanged backend keeps its pool and a changed one gets a new one.
+A reload that finds the file unchanged still rechecks what the policy points at: a
+rotated `ca_file` gets its backend fresh connections that trust the new bundle.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class PolicyReloader:
                              self.path, trigger)
                     for warning in policy.warnings:
                         log.warning("policy warning: %s", warning.render())
+                else:
+                    self.live.recheck()  # e.g. a CA bundle rotated, then SIGHUP
                 restart = tuple(self.live.restart_needed(policy))
                 if changed and restart:
                     log.warning("policy %s changes %s, read only at start-up: the running "

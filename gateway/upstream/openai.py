@@ -23,7 +23,7 @@ import aiohttp
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
 from gateway.upstream.rewrite import upstream_body
-from gateway.upstream.tls import tls_context
+from gateway.upstream.tls import ca_stamp, tls_context
 from policies.schema import Backend
 
 # Response headers relayed from the backend (the rest describe its own transport):
@@ -65,10 +65,13 @@ class OpenAIUpstream:
         self._users = 0  # requests between `open` and their response's release/close
         self._retired = False
         self._closing: asyncio.Task[None] | None = None  # held so it is not collected
+        self._ca_stamp: tuple[str, int] | None = None  # the `ca_file` its client trusts
 
     def client(self) -> Http1Client:
         if self._client is None:
             timeouts, ca_file = self.backend.timeouts, self.backend.ca_file
+            if ca_file is not None:
+                self._ca_stamp = ca_stamp(ca_file)
             self._client = Http1Client(
                 self.base_url, max_connections=self.backend.max_connections,
                 timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s),
@@ -83,6 +86,16 @@ class OpenAIUpstream:
         queued) still gets a session, closed in turn when that request is done."""
         self._retired = True
         self._close_if_idle()
+
+    @property
+    def trust_rotated(self) -> bool:
+        """Its connections trust a `ca_file` that has changed on disk since (a bundle
+        that cannot be read now is no change: the trust it has keeps serving)."""
+        ca_file = self.backend.ca_file
+        if ca_file is None or self._client is None or self._ca_stamp is None:
+            return False
+        now = ca_stamp(ca_file)
+        return now is not None and now != self._ca_stamp
 
     @property
     def idle_closed(self) -> bool:

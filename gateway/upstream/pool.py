@@ -58,6 +58,8 @@ class Upstream(Protocol):
     def retire(self) -> None: ...
     @property
     def idle_closed(self) -> bool: ...
+    @property
+    def trust_rotated(self) -> bool: ...
 
 
 class UpstreamPool:
@@ -71,12 +73,14 @@ class UpstreamPool:
         self._current: frozenset[str] | None = None  # the live policy's enabled backends
 
     def follow(self, policy: Policy) -> None:
-        """The live policy (at start and after each reload): adapters of backends it no
-        longer has, or has disabled, are retired and close once their last request is
-        done."""
+        """The live policy (at start and after each reload, changed or not): adapters of
+        backends it no longer has, or has disabled, and those whose `ca_file` has been
+        rotated on disk, are retired and close once their last request is done (the
+        next request builds a new one)."""
         self._current = frozenset(name for name, backend in policy.file.backends.items()
                                   if backend.enabled)
-        for name in [name for name in self._adapters if name not in self._current]:
+        for name in [name for name, adapter in self._adapters.items()
+                     if name not in self._current or adapter.trust_rotated]:
             self._retire(self._adapters.pop(name))
 
     def get(self, name: str, backend: Backend) -> Upstream | None:

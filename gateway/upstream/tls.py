@@ -6,7 +6,9 @@ again after every reload that touched the backend. A context is safe to share, s
 every backend trusting the same CAs uses one, made once; `warm()` makes the ones a
 policy needs in a worker thread at start-up and after each reload, before any
 request asks. A `ca_file` is keyed by its path and modification time, so a rotated
-bundle is read again by the next client built after the change.
+bundle is read again by the next client built after the change; a reload (even of an
+unchanged policy: SIGHUP after rotating a bundle) retires the clients built on the old
+one (`UpstreamPool.follow`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ _lock = threading.Lock()  # warm() runs in a worker thread
 
 def _key(ca_file: str | None) -> _Key:
     return None if ca_file is None else (ca_file, os.stat(ca_file).st_mtime_ns)
+
+
+def ca_stamp(ca_file: str) -> _Key:
+    """What identifies `ca_file` as it is now (None when it cannot be read)."""
+    try:
+        return _key(ca_file)
+    except OSError:
+        return None
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:

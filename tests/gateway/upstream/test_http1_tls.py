@@ -6,6 +6,7 @@ at once with an error naming it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,8 +16,11 @@ import aiohttp
 import orjson
 import pytest
 import trustme
+import yaml
 from aiohttp import web
 
+from gateway.policy_admin import RELOADER
+from gateway.settings import Settings
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Timeouts
 from tests.conftest import StartGateway, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -203,6 +207,46 @@ async def test_an_https_backend_signed_by_the_policys_ca_file_serves_requests(
 
     assert status == 200 and body["choices"][0]["message"]["content"]
     assert len(fake.received) == 1
+
+
+async def _serve_tls_on(port: int, context: ssl.SSLContext) -> tuple[FakeOpenAI, web.AppRunner]:
+    fake = FakeOpenAI()
+    runner = web.AppRunner(fake.app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    return fake, runner
+
+
+async def test_a_rotated_ca_file_is_trusted_after_a_reload_of_the_unchanged_policy(
+        start_gateway: StartGateway, tmp_path: Path) -> None:
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    _, runner = await _serve_tls_on(0, server_context(old_ca, "127.0.0.1"))
+    port = runner.addresses[0][1]
+    ca_file = tmp_path / "ca.pem"
+    old_ca.cert_pem.write_to_path(str(ca_file))
+    policy_path = tmp_path / "policy.yaml"
+    policy = single_backend_policy(f"https://127.0.0.1:{port}/v1")
+    policy["backends"]["up"]["ca_file"] = str(ca_file)
+    policy_path.write_text(yaml.safe_dump(policy))
+    gateway = await start_gateway(policy_path.read_text(), Settings(
+        port=0, policy_path=policy_path, watch_policy=False, supervise=False))
+    assert (await _chat(gateway.url))[0] == 200
+
+    # The backend's certificate and the bundle trusting it are both replaced.
+    await runner.cleanup()
+    fake, runner = await _serve_tls_on(port, server_context(new_ca, "127.0.0.1"))
+    new_ca.cert_pem.write_to_path(str(ca_file))
+    stat = os.stat(ca_file)
+    os.utime(ca_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    status, body = await _chat(gateway.url)
+    assert status == 502 and "failed TLS verification" in body["error"]["message"]
+
+    result = await gateway.app[RELOADER].reload("signal")  # SIGHUP
+
+    assert result.result == "ok" and not result.changed
+    status, body = await _chat(gateway.url)
+    assert status == 200 and len(fake.received) == 1
+    await runner.cleanup()
 
 
 async def test_an_https_backend_with_an_untrusted_certificate_is_a_502_naming_it(
