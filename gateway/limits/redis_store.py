@@ -5,7 +5,8 @@ NOSCRIPT, e.g. after a Redis restart), each settlement one EVALSHA of
 `settle.lua`. Every key of one tenant carries the hash tag `{tenant}`, so the
 multi-key scripts also run on Redis Cluster (all keys land in one slot).
 Window keys expire a minute after their last write and ledger keys after their
-period, so idle tenants cost nothing.
+period, so idle tenants cost nothing. A settlement runs once per reservation id:
+one replayed after a lost reply is recognised (settled ids are kept 10 minutes).
 
 Time is the caller's `now`, sent as an argument: replicas need synchronised
 clocks (NTP), and a few milliseconds of skew only shift a 60 s window by as
@@ -47,6 +48,10 @@ WINDOW_MS = int(WINDOW_S * 1000)
 SCOPE_TTL_MS = 2 * WINDOW_MS  # a window key outlives its newest entry by a minute
 DAY_TTL_MS = 2 * 86_400_000  # the day's counters outlive the day, for late reads
 MONTH_TTL_MS = 62 * 86_400_000
+# How long a settled id is remembered, so that a replay of its settlement is a no-op:
+# replays follow a lost reply within the failover probe's seconds; this leaves room
+# for an outage of a few minutes in between.
+SETTLED_TTL_MS = 10 * 60_000
 
 
 def _script(name: str) -> str:
@@ -80,6 +85,10 @@ def _scope_keys(tenant: str, scopes: Sequence[Scope]) -> list[str]:
 
 def _ledger_keys(tenant: str, periods: Periods) -> list[str]:
     return [f"rg:{{{tenant}}}:spend:d:{periods.day}", f"rg:{{{tenant}}}:spend:m:{periods.month}"]
+
+
+def _settled_key(tenant: str) -> str:
+    return f"rg:{{{tenant}}}:settled"
 
 
 def _limit(value: int | None) -> int:
@@ -139,11 +148,12 @@ class RedisStore:
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
         keys = (_scope_keys(reservation.tenant, reservation.scopes)
-                + _ledger_keys(reservation.tenant, self._periods.at(now)))
+                + _ledger_keys(reservation.tenant, self._periods.at(now))
+                + [_settled_key(reservation.tenant)])
         args: list[int | str] = [
             int(now * 1000), WINDOW_MS, reservation.id, actual_tokens - reservation.tokens,
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
-            SCOPE_TTL_MS, DAY_TTL_MS, MONTH_TTL_MS]
+            SCOPE_TTL_MS, DAY_TTL_MS, MONTH_TTL_MS, SETTLED_TTL_MS]
         await self._call(self._settle(keys=keys, args=args))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:

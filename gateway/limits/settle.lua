@@ -1,13 +1,24 @@
--- Reconcile one reservation with its actual usage and add it to the spend ledger.
--- KEYS: as admit.lua (scope log/tokens pairs, then day and month ledger hashes).
+-- Reconcile one reservation with its actual usage and add it to the spend ledger,
+-- once: a settlement replayed because its reply was lost (a timeout after Redis ran
+-- it) finds its id among the settled ones and changes nothing. Returns 1, or 0 for
+-- such a replay.
+-- KEYS: as admit.lua (scope log/tokens pairs, then day and month ledger hashes), then
+--       the tenant's settled ids (zset: id -> settled at, ms).
 -- ARGV: now_ms, window_ms, id, delta_tokens, input_tokens, output_tokens, cost_micros,
---       scope_ttl_ms, day_ttl_ms, month_ttl_ms.
+--       scope_ttl_ms, day_ttl_ms, month_ttl_ms, settled_ttl_ms.
 local now = tonumber(ARGV[1])
 local cutoff = now - tonumber(ARGV[2])
 local id = ARGV[3]
 local delta = tonumber(ARGV[4])
-local n = (#KEYS - 2) / 2
+local n = (#KEYS - 3) / 2
 local scope_ttl = tonumber(ARGV[8])
+
+local settled, settled_ttl = KEYS[2 * n + 3], tonumber(ARGV[11])
+if redis.call('ZADD', settled, 'NX', now, id) == 0 then
+  return 0
+end
+redis.call('ZREMRANGEBYSCORE', settled, '-inf', now - settled_ttl)
+redis.call('PEXPIRE', settled, settled_ttl)
 
 for i = 1, n do
   local log, tok = KEYS[2 * i - 1], KEYS[2 * i]

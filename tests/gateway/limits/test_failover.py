@@ -7,6 +7,7 @@ import logging
 import time
 
 import pytest
+import redis
 
 from gateway.limits.failover import FailoverStore
 from gateway.limits.redis_store import RedisStore, connect
@@ -102,6 +103,27 @@ async def test_spend_during_an_outage_reaches_the_redis_ledger(
     usage = await store.usage("acme", T0 + 2)
     await store.aclose()
     assert (usage.day.requests, usage.day.spend_micros) == (2, 300)
+
+
+async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
+        redis_server: RedisServer) -> None:
+    store = FailoverStore(RedisStore(connect(redis_server.url, socket_timeout_s=1.0),
+                                     op_timeout_s=0.2), probe_interval_s=0.05)
+    warm_up = await admit(store, "warm-up")
+    await store.settle(warm_up.reservation, 1, Charge(), T0)  # the script is loaded
+    admitted = await admit(store, "a")
+    # Redis busy for 0.5 s: the settlement waits in its socket, runs when Redis wakes,
+    # and its reply comes after the call timed out.
+    busy = asyncio.create_task(asyncio.to_thread(
+        redis.Redis.from_url(redis_server.url).execute_command, "DEBUG", "SLEEP", "0.5"))
+    await asyncio.sleep(0.1)
+    await store.settle(admitted.reservation, 5, Charge(2, 3, 100), T0 + 1)
+    assert not store.healthy  # so it is kept for replay, and replayed when Redis answers
+    await busy
+    await wait_until_healthy(store)
+    usage = await store.usage("acme", T0 + 2)
+    await store.aclose()
+    assert (usage.day.requests, usage.day.spend_micros) == (2, 100)
 
 
 async def test_local_decisions_report_the_share_in_their_states(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import SETTLED_TTL_MS, RedisStore, connect
 from gateway.limits.store import BudgetLimits, Charge, Scope
 from tests.redis_server import RedisServer
 
@@ -48,7 +48,31 @@ async def test_every_key_expires_and_carries_the_tenant_hash_tag(
     await store.aclose()
     sync = redis.Redis.from_url(redis_server.url)
     keys = sync.keys("*")
-    assert len(keys) == 6  # two scopes × (log, tokens) + day + month ledgers
+    assert len(keys) == 7  # two scopes × (log, tokens), day and month ledgers, settled ids
     for key in keys:
         assert key.startswith(b"rg:{acme}:")
         assert sync.pttl(key) > 0
+
+
+async def test_a_settlement_run_twice_is_counted_once(redis_server: RedisServer) -> None:
+    store = RedisStore(connect(redis_server.url))
+    decision = await store.admit("acme", SCOPES, 5, BudgetLimits(), T0, "a")
+    for _ in range(2):  # the second: a replay after the first one's reply was lost
+        await store.settle(decision.reservation, 3, Charge(1, 2, 9), T0 + 1)
+    after = await store.admit("acme", SCOPES, 1, BudgetLimits(), T0 + 2, "b")
+    usage = await store.usage("acme", T0 + 2)
+    await store.aclose()
+    assert (usage.day.requests, usage.day.input_tokens, usage.day.spend_micros) == (1, 1, 9)
+    assert after.states[0].tokens == 3 + 1
+
+
+async def test_settled_ids_are_remembered_for_a_bounded_time(redis_server: RedisServer) -> None:
+    store = RedisStore(connect(redis_server.url))
+    for n, at in enumerate((T0, T0 + SETTLED_TTL_MS / 1000 + 1)):
+        decision = await store.admit("acme", SCOPES, 1, BudgetLimits(), at, f"r{n}")
+        await store.settle(decision.reservation, 1, Charge(), at)
+    await store.aclose()
+    sync = redis.Redis.from_url(redis_server.url)
+    assert sync.zrange("rg:{acme}:settled", 0, -1) == [b"r1"]
+    assert 0 < sync.pttl("rg:{acme}:settled") <= SETTLED_TTL_MS
+
