@@ -4,7 +4,10 @@ Prints, side by side in one run:
   - memory: µs per admission (synchronous core, and through the async interface);
   - redis:  µs per admission over loopback, and the commands Redis saw per
             admission (`INFO commandstats`: EVALSHA calls, plus the commands the
-            script ran inside that one call).
+            script ran inside that one call);
+  - redis through `Limiter.admit`, rounds alternated with the store called
+            directly: what the limiter adds (scopes, headers, and the task that
+            lets a cancelled request's admission finish and be released).
 
     .venv/bin/python bench/limits.py [--n 20000]
 """
@@ -22,15 +25,29 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gateway.limits.limiter import Limiter
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore, connect
 from gateway.limits.store import BudgetLimits, Scope
+from policies.load import loads
 from tests.redis_server import RedisServer, find_redis_server
 
 # A tenant scope and a per-key scope, both with RPM and TPM, and a daily budget:
 # the full work of one admission. Limits are high so every call is admitted.
 SCOPES = (Scope("tenant", 10**9, 10**12), Scope("key:0123456789abcdef", 10**9, 10**12))
 BUDGET = BudgetLimits(day_micros=10**12, month_micros=None)
+KEY_HASH = "sha256:" + "0123456789abcdef" * 4
+POLICY = f"""
+version: 1
+backends: {{up: {{type: openai, url: "http://127.0.0.1:9/v1", models: {{m: {{}}}}}}}}
+routes: {{chat: {{targets: [up/m]}}}}
+tenants:
+  acme:
+    api_keys: ["{KEY_HASH}"]
+    limits: {{requests_per_minute: {10**9}, tokens_per_minute: {10**12}}}
+    key_limits: {{requests_per_minute: {10**9}, tokens_per_minute: {10**12}}}
+    budget: {{usd_per_day: 1000000}}
+"""
 
 
 def bench_memory_sync(n: int) -> float:
@@ -69,6 +86,28 @@ async def bench_redis(url: str, n: int) -> tuple[float, float, float]:
     return elapsed / n * 1e6, evalsha / n, inside / n
 
 
+async def bench_redis_limiter(url: str, n: int, rounds: int = 6) -> tuple[float, float]:
+    """(µs per `Limiter.admit`, µs per `RedisStore.admit`): the best of alternated rounds."""
+    policy = loads(POLICY)
+    limiter = Limiter(RedisStore(connect(url)))
+    store = RedisStore(connect(url))
+    await limiter.admit(policy, "acme", tokens=100, key_hash=KEY_HASH)
+    await store.admit("other", SCOPES, 100, BUDGET, time.time(), "warm-up")
+    through, direct = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(n):
+            await limiter.admit(policy, "acme", tokens=100, key_hash=KEY_HASH)
+        through.append((time.perf_counter() - started) / n * 1e6)
+        started = time.perf_counter()
+        for i in range(n):
+            await store.admit("other", SCOPES, 100, BUDGET, time.time(), str(i))
+        direct.append((time.perf_counter() - started) / n * 1e6)
+    await limiter.aclose()
+    await store.aclose()
+    return min(through), min(direct)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=20_000)
@@ -89,12 +128,16 @@ def main() -> int:
         try:
             redis_n = max(1000, n // 4)
             redis_us, evalsha, inside = asyncio.run(bench_redis(server.url, redis_n))
+            limiter_us, direct_us = asyncio.run(bench_redis_limiter(server.url, redis_n // 6))
         finally:
             server.stop()
     print(f"redis   admission (loopback, same work):       {redis_us:6.1f} µs, "
           f"{evalsha:.2f} client command (EVALSHA) per admission (target 1), "
           f"{inside:.1f} commands inside the script")
     print(f"ratio   redis / memory: {redis_us / async_us:.0f}×")
+    print(f"limiter redis admission through Limiter.admit: {limiter_us:6.1f} µs, the store "
+          f"directly {direct_us:6.1f} µs (alternated rounds, best of each): "
+          f"+{limiter_us - direct_us:.1f} µs, {limiter_us / direct_us:.3f}×")
     return 0
 
 
