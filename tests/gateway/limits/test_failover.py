@@ -15,6 +15,14 @@ from gateway.limits.store import BudgetLimits, Charge, Scope, StoreUnavailable
 from tests.redis_server import RedisServer
 
 T0 = 1_764_400_000.0
+# A script holds Redis for its whole run (DEBUG SLEEP would too, but Redis 7 disables it).
+BUSY_FOR_HALF_A_SECOND = """
+local start = redis.call('TIME')
+repeat
+  local now = redis.call('TIME')
+until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= 500000
+return 1
+"""
 SCOPES = (Scope("tenant", 10, None),)
 
 
@@ -115,7 +123,7 @@ async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
     # Redis busy for 0.5 s: the settlement waits in its socket, runs when Redis wakes,
     # and its reply comes after the call timed out.
     busy = asyncio.create_task(asyncio.to_thread(
-        redis.Redis.from_url(redis_server.url).execute_command, "DEBUG", "SLEEP", "0.5"))
+        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_HALF_A_SECOND, 0))
     await asyncio.sleep(0.1)
     await store.settle(admitted.reservation, 5, Charge(2, 3, 100), T0 + 1)
     assert not store.healthy  # so it is kept for replay, and replayed when Redis answers
