@@ -8,6 +8,8 @@ import time
 
 import pytest
 import redis
+import redis.asyncio
+import redis.exceptions
 
 from gateway.limits.failover import FailoverStore
 from gateway.limits.redis_store import RedisStore, connect
@@ -16,13 +18,29 @@ from tests.redis_server import RedisServer
 
 T0 = 1_764_400_000.0
 # A script holds Redis for its whole run (DEBUG SLEEP would too, but Redis 7 disables it).
-BUSY_FOR_HALF_A_SECOND = """
+BUSY_FOR_A_SECOND = """
 local start = redis.call('TIME')
 repeat
   local now = redis.call('TIME')
-until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= 500000
+until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= 1000000
 return 1
 """
+
+
+async def until_busy(server: RedisServer, timeout_s: float = 5.0) -> None:
+    """Return once Redis stops answering a PING within 50 ms (a script holds it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        probe = redis.asyncio.Redis.from_url(server.url, socket_timeout=0.05,
+                                             socket_connect_timeout=0.05)
+        try:
+            await probe.ping()
+        except redis.exceptions.TimeoutError:
+            return
+        finally:
+            await probe.aclose()
+        await asyncio.sleep(0.01)
+    raise AssertionError("Redis never got busy")
 SCOPES = (Scope("tenant", 10, None),)
 
 
@@ -120,11 +138,11 @@ async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
     warm_up = await admit(store, "warm-up")
     await store.settle(warm_up.reservation, 1, Charge(), T0)  # the script is loaded
     admitted = await admit(store, "a")
-    # Redis busy for 0.5 s: the settlement waits in its socket, runs when Redis wakes,
-    # and its reply comes after the call timed out.
+    # Redis busy for a second: the settlement waits in its socket, runs when Redis
+    # wakes, and its reply comes after the call timed out.
     busy = asyncio.create_task(asyncio.to_thread(
-        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_HALF_A_SECOND, 0))
-    await asyncio.sleep(0.1)
+        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_A_SECOND, 0))
+    await until_busy(redis_server)
     await store.settle(admitted.reservation, 5, Charge(2, 3, 100), T0 + 1)
     assert not store.healthy  # so it is kept for replay, and replayed when Redis answers
     await busy
