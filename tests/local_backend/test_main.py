@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from local_backend.__main__ import main
 from local_backend.telemetry import tracer_provider_from_env
+from tests.ports import free_port
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def otlp_receiver(aiohttp_server: Any) -> tuple[str, list[Any]]:

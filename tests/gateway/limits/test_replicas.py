@@ -27,7 +27,8 @@ import yaml
 
 from routing.tokens import TokenCounter
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.redis_server import RedisServer, find_redis_server, free_port
+from tests.ports import free_port
+from tests.redis_server import RedisServer, find_redis_server
 
 pytestmark = pytest.mark.slow
 

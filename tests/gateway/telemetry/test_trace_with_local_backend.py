@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,16 +19,11 @@ import pytest
 from gateway.telemetry.inference_time import parse_server_timing
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 ENGINE_SPANS = ("engine.queue", "engine.prefill", "engine.decode")
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

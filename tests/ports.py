@@ -1,0 +1,12 @@
+"""A free loopback port, for servers started as separate processes (an in-process server
+binds port 0 and reads its own)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
