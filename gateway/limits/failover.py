@@ -10,10 +10,12 @@ once when it ends, and counted.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
-it returns, so budgets stay right across short outages. While Redis is down, a
-tenant's budget is checked against what Redis last reported it had spent (plus
-what this replica has charged since) and the outage's own spend, so a budget
-spent before the outage stays spent during it.
+it returns, so budgets stay right across short outages. So is a release for
+each admission whose call failed: Redis may have run it all the same (a reply
+lost to a timeout), and the request, decided locally, will never settle there.
+While Redis is down, a tenant's budget is checked against what Redis last
+reported it had spent (plus what this replica has charged since) and the
+outage's own spend, so a budget spent before the outage stays spent during it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest 
 
 
 @dataclass(slots=True)
+class _Deferred:
+    """A settlement (or, with `release`, a release) Redis has yet to see."""
+
+    reservation: Reservation
+    actual_tokens: int
+    charge: Charge
+    at: float
+    release: bool = False
+
+
+@dataclass(slots=True)
 class _KnownSpend:
     """A tenant's spend in the Redis ledger as this replica last learnt it."""
 
@@ -72,7 +85,7 @@ class FailoverStore:
         self.rejected_unavailable = 0  # admissions refused (fail_closed)
         self.lost_settlements = 0  # dropped from a full replay queue
         self._down_since = 0.0
-        self._unsettled: deque[tuple[Reservation, int, Charge, float]] = deque()
+        self._unsettled: deque[_Deferred] = deque()
         self._probe: asyncio.Task[None] | None = None
         # tenant → its Redis spend, kept for budget checks during an outage (one entry
         # per tenant the policy knows)
@@ -87,6 +100,11 @@ class FailoverStore:
                                                     request_id)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
+                # Redis may have admitted it before the call failed; decided here, the
+                # request never settles there: give its tokens back once Redis answers.
+                self._defer(_Deferred(Reservation(request_id, tenant, tuple(scopes), tokens,
+                                                  now, "redis"), 0, Charge(), now,
+                                      release=True))
             else:
                 self._learnt(tenant, decision, now)
                 return decision
@@ -149,7 +167,7 @@ class FailoverStore:
         if reservation.store == "fallback":
             await self.fallback.settle(reservation, actual_tokens, charge, now)
             # its spend belongs in the shared ledger too; no Redis window holds it
-            self._defer(replace(reservation, scopes=()), actual_tokens, charge, now)
+            self._defer(_Deferred(replace(reservation, scopes=()), actual_tokens, charge, now))
             return
         if self.healthy:
             try:
@@ -159,7 +177,20 @@ class FailoverStore:
             else:
                 self._charged(reservation.tenant, charge.cost_micros, now)
                 return
-        self._defer(reservation, actual_tokens, charge, now)
+        self._defer(_Deferred(reservation, actual_tokens, charge, now))
+
+    async def release(self, reservation: Reservation, now: float) -> None:
+        if reservation.store == "fallback":
+            await self.fallback.release(reservation, now)
+            return
+        if self.healthy:
+            try:
+                await self.primary.release(reservation, now)
+            except StoreUnavailable as exc:
+                self._mark_down(exc)
+            else:
+                return
+        self._defer(_Deferred(reservation, 0, Charge(), now, release=True))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         return await self.primary.usage(tenant, now)
@@ -171,12 +202,11 @@ class FailoverStore:
                 await self._probe
         await self.primary.aclose()
 
-    def _defer(self, reservation: Reservation, actual_tokens: int, charge: Charge,
-               now: float) -> None:
+    def _defer(self, deferred: _Deferred) -> None:
         if len(self._unsettled) >= MAX_UNSETTLED:
             self._unsettled.popleft()
             self.lost_settlements += 1
-        self._unsettled.append((reservation, actual_tokens, charge, now))
+        self._unsettled.append(deferred)
         if self.healthy:  # a local admission settled after Redis came back
             self._start_probe()
 
@@ -203,10 +233,14 @@ class FailoverStore:
             try:
                 await self.primary.ping()
                 while self._unsettled:
-                    reservation, actual_tokens, charge, at = self._unsettled[0]
-                    await self.primary.settle(reservation, actual_tokens, charge, at)
+                    item = self._unsettled[0]
+                    if item.release:
+                        await self.primary.release(item.reservation, item.at)
+                    else:
+                        await self.primary.settle(item.reservation, item.actual_tokens,
+                                                  item.charge, item.at)
                     self._unsettled.popleft()
-                    self._charged(reservation.tenant, charge.cost_micros, at)
+                    self._charged(item.reservation.tenant, item.charge.cost_micros, item.at)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
                 continue

@@ -10,7 +10,7 @@
 `settle` is idempotent, so a stream cancelled midway settles once with what it
 produced. A request cancelled while Redis decides (its client went away) cannot
 know whether Redis admitted it: the admission runs on, and a reservation it took is
-settled at once with no tokens, so an abandoned request holds no tokens per minute.
+released at once, so an abandoned request holds no tokens per minute.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class Limiter:
 
     async def _release(self, reservation: Reservation) -> None:
         try:
-            await self.store.settle(reservation, 0, Charge(), self._clock())
+            await self.store.release(reservation, self._clock())
         except StoreUnavailable as exc:  # its window entry ages out within a minute
             log.warning("could not release an abandoned admission: %s", exc)
 

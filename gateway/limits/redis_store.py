@@ -2,7 +2,8 @@
 
 Each admission is one EVALSHA of `admit.lua` (redis-py's `Script` reloads it on
 NOSCRIPT, e.g. after a Redis restart), each settlement one EVALSHA of
-`settle.lua`. Every key of one tenant carries the hash tag `{tenant}`, so the
+`settle.lua`, and the rare release of a request that never ran one of
+`release.lua`. Every key of one tenant carries the hash tag `{tenant}`, so the
 multi-key scripts also run on Redis Cluster (all keys land in one slot).
 Window keys expire a minute after their last write and ledger keys after their
 period, so idle tenants cost nothing. A settlement runs once per reservation id:
@@ -107,6 +108,7 @@ class RedisStore:
         self._op_timeout_s = op_timeout_s
         self._admit = client.register_script(_script("admit.lua"))
         self._settle = client.register_script(_script("settle.lua"))
+        self._release = client.register_script(_script("release.lua"))
         self._periods = PeriodCache()
 
     async def _call(self, coro: Any) -> Any:
@@ -155,6 +157,10 @@ class RedisStore:
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
             SCOPE_TTL_MS, DAY_TTL_MS, MONTH_TTL_MS, SETTLED_TTL_MS]
         await self._call(self._settle(keys=keys, args=args))
+
+    async def release(self, reservation: Reservation, now: float) -> None:
+        keys = _scope_keys(reservation.tenant, reservation.scopes)
+        await self._call(self._release(keys=keys, args=[reservation.id]))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         periods = self._periods.at(now)

@@ -152,6 +152,26 @@ async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
     assert (usage.day.requests, usage.day.spend_micros) == (2, 100)
 
 
+async def test_an_admission_whose_reply_was_lost_holds_no_tokens_in_redis_after_it(
+        redis_server: RedisServer) -> None:
+    store = FailoverStore(RedisStore(connect(redis_server.url, socket_timeout_s=1.0),
+                                     op_timeout_s=0.2), probe_interval_s=0.05)
+    scopes = (Scope("tenant", 10, 1000),)
+    await store.admit("acme", scopes, 1, BudgetLimits(), T0, "warm-up")  # script loaded
+    busy = asyncio.create_task(asyncio.to_thread(
+        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_A_SECOND, 0))
+    await until_busy(redis_server)
+    # Redis admits it once the script ends; by then the call has timed out
+    local = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 1, "lost")
+    assert local.reservation is not None and local.reservation.store == "fallback"
+    await busy
+    await wait_until_healthy(store)
+    after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "after")
+    await store.aclose()
+    assert after.admitted and after.states[0].tokens == 1 + 900  # "lost" holds none
+    assert after.states[0].requests == 3  # it was admitted, so it counts
+
+
 async def test_local_decisions_report_the_share_in_their_states(
         redis_server: RedisServer) -> None:
     store = failover(redis_server, replicas=2)
