@@ -7,6 +7,7 @@ run of `a`s in an over-long header)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 import pytest
@@ -45,7 +46,17 @@ async def raw_exchange(host: str, port: int,
     return int(head.split()[1]), orjson.loads(body), answer
 
 
-def leaked(answer: bytes, log_text: str) -> bool:
-    """Whether the answer or the log repeats anything the malformed request carried."""
-    return (SECRET.encode() in answer or b"aaaa" in answer
-            or SECRET in log_text or "aaaa" in log_text)
+async def assert_refused_cleanly(host: str, port: int, request: bytes, status: int, code: str,
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The server answers `request` with an OpenAI-shaped `status` error of `code`, logs
+    it as a malformed request, and neither the answer nor the log repeats anything the
+    request carried."""
+    with caplog.at_level(logging.DEBUG):
+        answered, body, answer = await raw_exchange(host, port, request)
+    error = body["error"]
+    assert answered == status and isinstance(error, dict) and error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    logged = caplog.text + "".join(str(record.exc_info) for record in caplog.records)
+    for carried in (SECRET, "aaaa"):
+        assert carried.encode() not in answer and carried not in logged
+    assert any("malformed HTTP request" in record.getMessage() for record in caplog.records)

@@ -4,7 +4,6 @@ error shape without logging what the client sent."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -17,7 +16,7 @@ from gateway.runner import FixedPaths, GatewayRunner
 from gateway.settings import Settings
 from tests.conftest import StartGateway, as_policy, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.malformed_http import MALFORMED, leaked, raw_exchange
+from tests.malformed_http import MALFORMED, assert_refused_cleanly
 
 NAME = web.AppKey("name", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -123,16 +122,9 @@ async def test_malformed_http_gets_an_openai_error_and_the_log_keeps_none_of_it(
         caplog: pytest.LogCaptureFixture, request_bytes: bytes, status: int,
         code: str) -> None:
     gateway = await start_gateway(single_backend_policy(openai_upstream.url))
-    with caplog.at_level(logging.DEBUG):
-        address = urlsplit(gateway.url)
-        answered, body, answer = await raw_exchange(
-            address.hostname or "127.0.0.1", address.port or 80, request_bytes)
-    error = body["error"]
-    assert answered == status and isinstance(error, dict) and error["code"] == code
-    assert error["type"] == "invalid_request_error"
-    logged = caplog.text + "".join(str(record.exc_info) for record in caplog.records)
-    assert not leaked(answer, logged)  # nothing echoed, nothing logged
-    assert any("malformed HTTP request" in record.getMessage() for record in caplog.records)
+    address = urlsplit(gateway.url)
+    await assert_refused_cleanly(address.hostname or "127.0.0.1", address.port or 80,
+                                 request_bytes, status, code, caplog)
     # and the gateway carries on
     reply = await gateway.openai().chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "hi"}])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -41,6 +43,23 @@ async def until_busy(server: RedisServer, timeout_s: float = 5.0) -> None:
             await probe.aclose()
         await asyncio.sleep(0.01)
     raise AssertionError("Redis never got busy")
+
+
+def impatient(server: RedisServer) -> FailoverStore:
+    """A failover store whose calls give up after 0.2 s: less than Redis stays busy."""
+    return FailoverStore(RedisStore(connect(server.url, socket_timeout_s=1.0), op_timeout_s=0.2),
+                         probe_interval_s=0.05)
+
+
+@contextlib.asynccontextmanager
+async def redis_busy(server: RedisServer) -> AsyncIterator[None]:
+    """Redis held by a script for a second: a command sent meanwhile waits in its socket,
+    runs when the script ends, and its reply comes after an impatient call gave up."""
+    busy = asyncio.create_task(asyncio.to_thread(
+        redis.Redis.from_url(server.url).eval, BUSY_FOR_A_SECOND, 0))
+    await until_busy(server)
+    yield
+    await busy
 SCOPES = (Scope("tenant", 10, None),)
 
 
@@ -133,19 +152,13 @@ async def test_spend_during_an_outage_reaches_the_redis_ledger(
 
 async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
         redis_server: RedisServer) -> None:
-    store = FailoverStore(RedisStore(connect(redis_server.url, socket_timeout_s=1.0),
-                                     op_timeout_s=0.2), probe_interval_s=0.05)
+    store = impatient(redis_server)
     warm_up = await admit(store, "warm-up")
     await store.settle(warm_up.reservation, 1, Charge(), T0)  # the script is loaded
     admitted = await admit(store, "a")
-    # Redis busy for a second: the settlement waits in its socket, runs when Redis
-    # wakes, and its reply comes after the call timed out.
-    busy = asyncio.create_task(asyncio.to_thread(
-        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_A_SECOND, 0))
-    await until_busy(redis_server)
-    await store.settle(admitted.reservation, 5, Charge(2, 3, 100), T0 + 1)
-    assert not store.healthy  # so it is kept for replay, and replayed when Redis answers
-    await busy
+    async with redis_busy(redis_server):
+        await store.settle(admitted.reservation, 5, Charge(2, 3, 100), T0 + 1)
+        assert not store.healthy  # so it is kept, and replayed when Redis answers
     await wait_until_healthy(store)
     usage = await store.usage("acme", T0 + 2)
     await store.aclose()
@@ -154,17 +167,12 @@ async def test_a_settlement_whose_reply_was_lost_is_replayed_and_counted_once(
 
 async def test_an_admission_whose_reply_was_lost_holds_no_tokens_in_redis_after_it(
         redis_server: RedisServer) -> None:
-    store = FailoverStore(RedisStore(connect(redis_server.url, socket_timeout_s=1.0),
-                                     op_timeout_s=0.2), probe_interval_s=0.05)
+    store = impatient(redis_server)
     scopes = (Scope("tenant", 10, 1000),)
     await store.admit("acme", scopes, 1, BudgetLimits(), T0, "warm-up")  # script loaded
-    busy = asyncio.create_task(asyncio.to_thread(
-        redis.Redis.from_url(redis_server.url).eval, BUSY_FOR_A_SECOND, 0))
-    await until_busy(redis_server)
-    # Redis admits it once the script ends; by then the call has timed out
-    local = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 1, "lost")
-    assert local.reservation is not None and local.reservation.store == "fallback"
-    await busy
+    async with redis_busy(redis_server):  # Redis admits it after the call gave up
+        local = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 1, "lost")
+        assert local.reservation is not None and local.reservation.store == "fallback"
     await wait_until_healthy(store)
     after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "after")
     await store.aclose()
