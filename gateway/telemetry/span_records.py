@@ -175,11 +175,6 @@ def _attributes(given_and_facts: tuple[dict[str, Any], Any]) -> dict[str, Any]:
     return {**given, **attributes_from(facts)}
 
 
-def span_count(records: Iterable[Record]) -> int:
-    """Spans in `records` (for counting what a dropped batch held)."""
-    return sum(1 + len(record[CHILDREN]) for record in records)
-
-
 def record_of(span: Any, scope: tuple[Any, ...]) -> Record:
     """A record of any finished span read like the SDK's `ReadableSpan` (a span that did
     not come through the gateway's request path: another tracer on the same provider)."""
