@@ -133,21 +133,13 @@ class OtlpEncoder:
         return b"".join(self._resource_spans(resource, by_scope.values())
                         for resource, by_scope in groups.values())
 
-    def records(self, records: Iterable[Record], resource: Any,
-                scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> bytes:
-        """ExportTraceServiceRequest bytes of span records (`span_records.py`), all of one
-        `resource`; `scope_of` turns a record's scope key into a scope, `new_span_id`
-        makes the ids a record leaves to the exporter (0). The same bytes as `request`
-        of the spans `span_records.SpansOf` makes of them with the same ids (a record's
-        facts made into attributes the same way, `span_records.expanded`)."""
-        batch = EncodedBatch()
-        for record in records:
-            self.add_record(batch, record, scope_of, new_span_id)
-        return self.request_of(batch, resource)
-
     def add_record(self, batch: EncodedBatch, record: Record,
                    scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> None:
-        """Encode one record's spans into `batch` (see `records`)."""
+        """Encode one record's spans (`span_records.py`) into `batch`. `scope_of` turns
+        its scope key into a scope, `new_span_id` makes the ids a record leaves to the
+        exporter (0). `request_of` then gives the same bytes as `request` of the spans
+        `span_records.SpansOf` makes of the same records with the same ids (facts made
+        into attributes the same way, `span_records.expanded`)."""
         scope_key, trace_id, state, root, children = expanded(record)
         by_scope = batch.by_scope
         entry = by_scope.get(scope_key)

@@ -24,7 +24,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.telemetry.otlp_encode import OtlpEncoder
+from gateway.telemetry.otlp_encode import EncodedBatch, OtlpEncoder
 from gateway.telemetry.record_span import RecordedSpan, RecordSpans
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.span_records import Resource, Scope, Span, SpansOf
@@ -75,7 +75,10 @@ async def test_records_encode_as_the_sdk_encodes_the_same_spans() -> None:
     spans = SpansOf(Resource(dict(resource.attributes)), count(1).__next__)(records)
     scope = InstrumentationScope("routegate.gateway", "", "")
     expected = encode_spans([readable(s, resource, scope) for s in spans])
-    ours = OtlpEncoder().records(records, resource, lambda key: scope, count(1).__next__)
+    encoder, batch, new_id = OtlpEncoder(), EncodedBatch(), count(1).__next__
+    for record in records:
+        encoder.add_record(batch, record, lambda key: scope, new_id)
+    ours = encoder.request_of(batch, resource)
     assert ExportTraceServiceRequest.FromString(ours) == expected
     new_root, continued_root = spans[5], spans[11]  # each request's root comes last
     assert new_root.parent is None
