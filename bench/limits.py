@@ -6,8 +6,7 @@ Prints, side by side in one run:
             admission (`INFO commandstats`: EVALSHA calls, plus the commands the
             script ran inside that one call);
   - redis through `Limiter.admit`, rounds alternated with the store called
-            directly: what the limiter adds (scopes, headers, and the task that
-            lets a cancelled request's admission finish and be released).
+            directly: what the limiter adds (its scopes and the response headers).
 
     .venv/bin/python bench/limits.py [--n 20000]
 """

@@ -8,15 +8,12 @@
 (429, OpenAI-shaped, with `Retry-After` and the `x-ratelimit-*` headers) or
 `LimitStoreUnavailable` (503, only with `on_store_error: fail_closed`).
 `settle` is idempotent, so a stream cancelled midway settles once with what it
-produced. A request cancelled while Redis decides (its client went away) cannot
-know whether Redis admitted it: the admission runs on, and a reservation it took is
-released at once, so an abandoned request holds no tokens per minute.
+produced. A request cancelled while Redis decides holds no tokens either: the Redis
+store lets the admission finish and releases what it reserved.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +38,6 @@ from gateway.limits.store import (
     WINDOW_S,
     BudgetLimits,
     Charge,
-    Decision,
     LimitStore,
     Rejection,
     Reservation,
@@ -49,8 +45,6 @@ from gateway.limits.store import (
     StoreUnavailable,
 )
 from policies.load import Policy
-
-log = logging.getLogger("routegate.limits")
 
 
 class RequestsLimitExceeded(RateLimited):
@@ -114,7 +108,6 @@ class Limiter:
         self._limits_policy: Policy | None = None
         self._limits: dict[tuple[str, str | None, str | None],
                            tuple[tuple[Scope, ...], BudgetLimits]] = {}
-        self._releases: set[asyncio.Task[None]] = set()  # held so they are not collected
 
     def _limits_for(self, policy: Policy, tenant: str, key_hash: str | None,
                     route: str | None) -> tuple[tuple[Scope, ...], BudgetLimits]:
@@ -163,7 +156,7 @@ class Limiter:
         now = self._clock()
         scopes, budget = self._limits_for(policy, tenant, key_hash, route)
         try:
-            decision = await self._decide(tenant, scopes, tokens, budget, now)
+            decision = await self.store.admit(tenant, scopes, tokens, budget, now, self._new_id())
         except StoreUnavailable as exc:
             raise LimitStoreUnavailable(
                 "Rate limits cannot be checked right now (the limit store is unavailable); "
@@ -176,34 +169,6 @@ class Limiter:
                                             decision.spent_day_micros,
                                             decision.spent_month_micros)
         return Ticket(decision.reservation, headers, remaining)
-
-    async def _decide(self, tenant: str, scopes: tuple[Scope, ...], tokens: int,
-                      budget: BudgetLimits, now: float) -> Decision:
-        admission = self.store.admit(tenant, scopes, tokens, budget, now, self._new_id())
-        if self.store.name == "memory":  # decided without waiting: no cancel cuts it short
-            return await admission
-        decided = asyncio.ensure_future(admission)
-        try:
-            return await asyncio.shield(decided)
-        except asyncio.CancelledError:
-            decided.add_done_callback(self._release_abandoned)
-            raise
-
-    def _release_abandoned(self, decided: asyncio.Future[Decision]) -> None:
-        """An admission whose request was cancelled meanwhile: give back what it took."""
-        if decided.cancelled() or decided.exception() is not None:
-            return
-        reservation = decided.result().reservation
-        if reservation is not None:
-            release = asyncio.ensure_future(self._release(reservation))
-            self._releases.add(release)
-            release.add_done_callback(self._releases.discard)
-
-    async def _release(self, reservation: Reservation) -> None:
-        try:
-            await self.store.release(reservation, self._clock())
-        except StoreUnavailable as exc:  # its window entry ages out within a minute
-            log.warning("could not release an abandoned admission: %s", exc)
 
     async def settle(self, ticket: Ticket, *, actual_tokens: int,
                      charge: Charge | None = None) -> None:

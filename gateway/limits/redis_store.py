@@ -19,7 +19,9 @@ local decision.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+from functools import partial
 from importlib.resources import files
 from typing import Any
 
@@ -44,6 +46,8 @@ from gateway.limits.store import (
     StoreUnavailable,
     TenantUsage,
 )
+
+log = logging.getLogger("routegate.limits")
 
 WINDOW_MS = int(WINDOW_S * 1000)
 SCOPE_TTL_MS = 2 * WINDOW_MS  # a window key outlives its newest entry by a minute
@@ -111,6 +115,7 @@ class RedisStore:
         self._settle = client.register_script(_script("settle.lua"))
         self._release = client.register_script(_script("release.lua"))
         self._periods = PeriodCache()
+        self._releases: set[asyncio.Task[None]] = set()  # held so they are not collected
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -131,7 +136,17 @@ class RedisStore:
             args += [_limit(scope.requests_per_minute), _limit(scope.tokens_per_minute)]
         args.append(SCOPE_TTL_MS)
         keys = _scope_keys(tenant, scopes) + _ledger_keys(tenant, self._periods.at(now))
-        reply = await self._call(self._admit(keys=keys, args=args))
+        # Cancelled meanwhile (the client left), the caller cannot know whether Redis
+        # admitted it: the call runs on in a task of its own, and what it admitted is
+        # released (cutting it short would only leave that unknown, and drop the
+        # connection mid-reply).
+        call = asyncio.ensure_future(self._call(self._admit(keys=keys, args=args)))
+        try:
+            reply = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            abandoned = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name)
+            call.add_done_callback(partial(self._release_abandoned, abandoned))
+            raise
         verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         which, limit, used, requested, retry_ms, spent_day, spent_month = (
             int(value) for value in reply[1:8])
@@ -147,6 +162,23 @@ class RedisStore:
         rejected_scope = scopes[which - 1] if which > 0 else None
         rejection = Rejection(kind, rejected_scope, limit, used, requested, _seconds(retry_ms))
         return Decision(None, rejection, states, spent_day, spent_month)
+
+    def _release_abandoned(self, reservation: Reservation, call: asyncio.Future[Any]) -> None:
+        """An admission whose caller was cancelled meanwhile has ended: give back what
+        it admitted."""
+        if call.cancelled() or call.exception() is not None:
+            return
+        if call.result()[0] not in (b"ok", "ok"):
+            return
+        release = asyncio.ensure_future(self._release_quietly(reservation))
+        self._releases.add(release)
+        release.add_done_callback(self._releases.discard)
+
+    async def _release_quietly(self, reservation: Reservation) -> None:
+        try:
+            await self.release(reservation, reservation.admitted_at)
+        except StoreUnavailable as exc:  # its window entry ages out within a minute
+            log.warning("could not release an abandoned admission: %s", exc)
 
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:

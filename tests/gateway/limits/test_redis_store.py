@@ -1,7 +1,11 @@
-"""What only the Redis store promises: one round trip, reloads, TTLs, Cluster-safe keys."""
+"""What only the Redis store promises: one round trip, reloads, TTLs, Cluster-safe keys,
+settlements counted once, cancelled admissions released."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import redis
 
 from gateway.limits.redis_store import SETTLED_TTL_MS, RedisStore, connect
@@ -75,4 +79,29 @@ async def test_settled_ids_are_remembered_for_a_bounded_time(redis_server: Redis
     sync = redis.Redis.from_url(redis_server.url)
     assert sync.zrange("rg:{acme}:settled", 0, -1) == [b"r1"]
     assert 0 < sync.pttl("rg:{acme}:settled") <= SETTLED_TTL_MS
+
+
+async def test_an_admission_cancelled_while_redis_decides_holds_no_tokens(
+        redis_server: RedisServer) -> None:
+    store = RedisStore(connect(redis_server.url))
+    scopes = (Scope("tenant", 3, 1000),)
+    sync = redis.Redis.from_url(redis_server.url)
+    await store.admit("acme", scopes, 1, BudgetLimits(), T0, "warm-up")  # script loaded
+    sync.client_pause(300, all=False)  # scripts wait: Redis admits after the caller left
+    admitting = asyncio.create_task(
+        store.admit("acme", scopes, 900, BudgetLimits(), T0 + 1, "abandoned"))
+    await asyncio.sleep(0.05)
+    admitting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await admitting
+
+    tokens = "rg:{acme}:w:tenant:tok"  # reservation id → tokens, and "_total"
+    for _ in range(200):  # the pause ends, Redis admits it, the store gives it back
+        if sync.hget(tokens, "abandoned") == b"0":
+            break
+        await asyncio.sleep(0.01)
+    after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "after")
+    await store.aclose()
+    assert after.admitted and after.states[0].tokens == 1 + 900
+    assert after.states[0].requests == 3  # it was admitted, so it counts
 
