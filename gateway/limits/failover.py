@@ -179,19 +179,6 @@ class FailoverStore:
                 return
         self._defer(_Deferred(reservation, actual_tokens, charge, now))
 
-    async def release(self, reservation: Reservation, now: float) -> None:
-        if reservation.store == "fallback":
-            await self.fallback.release(reservation, now)
-            return
-        if self.healthy:
-            try:
-                await self.primary.release(reservation, now)
-            except StoreUnavailable as exc:
-                self._mark_down(exc)
-            else:
-                return
-        self._defer(_Deferred(reservation, 0, Charge(), now, release=True))
-
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         return await self.primary.usage(tenant, now)
 

@@ -200,15 +200,6 @@ class MemoryStore:
             period.output_tokens += charge.output_tokens
             period.spend_micros += charge.cost_micros
 
-    async def release(self, reservation: Reservation, now: float) -> None:
-        placed: list[tuple[_Window, int]] = reservation.handle or []  # type: ignore[assignment]
-        reservation.handle = None  # released once: its entries are no longer its own
-        cutoff = now - WINDOW_S
-        for window, seq in placed:
-            window.expire(cutoff)
-            if window.holds(seq):
-                window.correct(seq, -reservation.tokens)
-
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         day, month = self._periods(tenant, now)
         return TenantUsage(tenant, replace(day), replace(month))

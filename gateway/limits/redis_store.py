@@ -192,6 +192,9 @@ class RedisStore:
         await self._call(self._settle(keys=keys, args=args))
 
     async def release(self, reservation: Reservation, now: float) -> None:
+        """An admitted request that will never run: its tokens leave the windows, it
+        stays counted as a request, and the ledger is untouched. Repeating it (or
+        releasing what Redis never admitted) changes nothing."""
         keys = _scope_keys(reservation.tenant, reservation.scopes)
         await self._call(self._release(keys=keys, args=[reservation.id]))
 

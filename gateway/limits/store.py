@@ -133,7 +133,7 @@ class TenantUsage:
 
 
 class LimitStore(Protocol):
-    """Memory, Redis and the fail-open wrapper all answer these calls."""
+    """Memory, Redis and the fail-open wrapper all answer these four calls."""
 
     name: StoreName
 
@@ -145,12 +145,6 @@ class LimitStore(Protocol):
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
         """Replace the reserved estimate with `actual_tokens`; add `charge` to the ledger."""
-        ...
-
-    async def release(self, reservation: Reservation, now: float) -> None:
-        """An admitted request that will never run: its tokens leave the windows, it
-        stays counted as a request, and the ledger is untouched. Repeating it (or
-        releasing what was never admitted) changes nothing."""
         ...
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:

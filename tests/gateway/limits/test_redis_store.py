@@ -4,6 +4,7 @@ settlements counted once, cancelled admissions released."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 import redis
@@ -104,4 +105,19 @@ async def test_an_admission_cancelled_while_redis_decides_holds_no_tokens(
     await store.aclose()
     assert after.admitted and after.states[0].tokens == 1 + 900
     assert after.states[0].requests == 3  # it was admitted, so it counts
+
+
+async def test_a_released_request_gives_back_its_tokens_but_still_counts_as_a_request(
+        redis_server: RedisServer) -> None:
+    store = RedisStore(connect(redis_server.url))
+    scopes = (Scope("tenant", 10, 1000),)
+    decision = await store.admit("acme", scopes, 900, BudgetLimits(), T0, "a")
+    for _ in range(2):  # releasing again changes nothing
+        await store.release(decision.reservation, T0 + 1)
+    await store.release(replace(decision.reservation, id="never-admitted"), T0 + 1)
+    after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "b")
+    usage = await store.usage("acme", T0 + 3)
+    await store.aclose()
+    assert after.admitted and (after.states[0].requests, after.states[0].tokens) == (2, 900)
+    assert usage.day.requests == 0  # never ran: nothing in the ledger
 

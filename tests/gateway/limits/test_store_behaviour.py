@@ -84,17 +84,6 @@ async def test_settling_refunds_the_unused_part_of_the_estimate(store):
     assert after.admitted and after.states[0].tokens == 910
 
 
-async def test_a_released_request_gives_back_its_tokens_but_still_counts_as_a_request(store):
-    scopes = (Scope("tenant", 10, 1000),)
-    decision = await admit(store, scopes, T0, tokens=900)
-    for _ in range(2):  # releasing again changes nothing
-        await store.release(decision.reservation, T0 + 1)
-    after = await admit(store, scopes, T0 + 2, tokens=900)
-    assert after.admitted and (after.states[0].requests, after.states[0].tokens) == (2, 900)
-    usage = await store.usage("acme", T0 + 3)
-    assert usage.day.requests == 0  # never ran: nothing in the ledger
-
-
 async def test_settling_charges_usage_beyond_the_estimate(store):
     decision = await admit(store, tpm(1000), T0, tokens=100)
     await store.settle(decision.reservation, 700, Charge(), T0 + 1)
