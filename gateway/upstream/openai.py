@@ -91,10 +91,9 @@ class OpenAIUpstream:
     def trust_rotated(self) -> bool:
         """Its connections trust a `ca_file` that has changed on disk since (a bundle
         that cannot be read now is no change: the trust it has keeps serving)."""
-        ca_file = self.backend.ca_file
-        if ca_file is None or self._client is None or self._ca_stamp is None:
+        if self._ca_stamp is None:  # no client yet, or it trusts the system's CAs
             return False
-        now = ca_stamp(ca_file)
+        now = ca_stamp(self._ca_stamp[0])
         return now is not None and now != self._ca_stamp
 
     @property
