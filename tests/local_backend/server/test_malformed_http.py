@@ -13,7 +13,7 @@ from aiohttp import web
 from local_backend.server.app import create_app
 from local_backend.server.runner import BackendRunner, serve
 from tests.local_backend.conftest import EngineFactory
-from tests.malformed_http import MALFORMED, leaked, raw_exchange
+from tests.malformed_http import MALFORMED, assert_refused_cleanly
 
 
 @pytest.fixture
@@ -31,14 +31,7 @@ async def backend_port(make_engine: EngineFactory) -> AsyncIterator[int]:
 async def test_malformed_http_gets_an_openai_error_and_the_log_keeps_none_of_it(
         backend_port: int, caplog: pytest.LogCaptureFixture, request_bytes: bytes,
         status: int, code: str) -> None:
-    with caplog.at_level(logging.DEBUG):
-        answered, body, answer = await raw_exchange("127.0.0.1", backend_port, request_bytes)
-    error = body["error"]
-    assert answered == status and isinstance(error, dict) and error["code"] == code
-    assert error["type"] == "invalid_request_error"
-    logged = caplog.text + "".join(str(record.exc_info) for record in caplog.records)
-    assert not leaked(answer, logged)  # nothing echoed, nothing logged
-    assert any("malformed HTTP request" in record.getMessage() for record in caplog.records)
+    await assert_refused_cleanly("127.0.0.1", backend_port, request_bytes, status, code, caplog)
     # and the backend carries on
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{backend_port}/v1",
                                 api_key="unused", max_retries=0)
