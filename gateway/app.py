@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gateway.api.anthropic import add_routes as add_anthropic_routes
 from gateway.api.openai import PIPELINE, add_routes
+from gateway.drain import DRAIN, Drain
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.limits.http import install as install_limits
@@ -56,6 +57,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[LIVE_POLICY] = live
     app[UPSTREAMS] = pool
     app[HOOKS] = hooks
+    app[DRAIN] = Drain()
+    hooks.observers.append(app[DRAIN])  # the requests a drain waits for (and cuts)
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon, recheck=True)

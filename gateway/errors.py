@@ -144,6 +144,15 @@ class NoBackendAvailable(GatewayError):
     retryable = True
 
 
+class ShuttingDown(GatewayError):
+    """The gateway is draining and its drain timeout cut this request short."""
+
+    status = 503
+    code = "server_shutting_down"
+    type = "server_error"
+    retryable = True
+
+
 class UpstreamTimeout(GatewayError):
     status = 504
     code = "upstream_timeout"

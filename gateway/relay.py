@@ -9,6 +9,8 @@ OpenAI-style error event — never a silent truncation.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from gateway.context import Dialect, RequestContext
+from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
@@ -125,6 +128,13 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         except ConnectionResetError:  # the client went away between two writes
             ctx.status = CLIENT_CLOSED
             finished = False
+        except asyncio.CancelledError as exc:
+            if is_drain_cut(exc):  # the process is stopping: the client is told why
+                ctx.error = drain_cut_error()
+                relay.drop_partial()
+                with contextlib.suppress(ConnectionResetError):
+                    await write_last(error_event(ctx.error.body()))
+            raise
         return client
     finally:
         if finished:

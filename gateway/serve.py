@@ -1,4 +1,4 @@
-"""`routegate serve`: load the policy, build the app, listen until SIGINT/SIGTERM."""
+"""`routegate serve`: load the policy, build the app, listen until SIGTERM, then drain."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.app import LIVE_POLICY, create_app
+from gateway.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.runner import GatewayRunner
 from gateway.settings import Settings, default_policy_path
 from gateway.telemetry.service import Telemetry
@@ -93,13 +94,26 @@ def settle_garbage_collector() -> None:
 async def serve(app: web.Application, settings: Settings) -> int:
     # handler_cancellation: a client that disconnects cancels its handler at once, which
     # closes the upstream connection so the backend stops generating for nobody.
-    runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
+    # shutdown_timeout: the drain has already waited for requests (gateway/drain.py).
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=CUT_GRACE_S)
     await runner.setup()
     settle_garbage_collector()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    interactive = False
+
+    def on_signal(signum: signal.Signals) -> None:
+        nonlocal interactive
+        if stop.is_set():
+            log.warning("second %s: stopping now", signum.name)
+            hurry.set()
+            return
+        interactive = signum == signal.SIGINT
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
         try:
@@ -110,7 +124,11 @@ async def serve(app: web.Application, settings: Settings) -> int:
         log.info("routegate listening on http://%s:%d/v1 (policy %s)", settings.host,
                  settings.port, settings.policy_path)
         await stop.wait()
-        log.info("shutting down")
+        drain = app[LIVE_POLICY].current.file.server.drain
+        # Ctrl-C at a terminal: no load balancer to tell, so no announce period
+        await drain_and_stop(runner, app[DRAIN], hurry=hurry, timeout_s=drain.timeout_s,
+                             announce_s=0.0 if interactive else drain.announce_s)
     finally:
-        await runner.cleanup()
+        if runner.server is not None:  # not cleaned up by the drain (start-up failed)
+            await runner.cleanup()
     return 0

@@ -237,8 +237,19 @@ class Auth(FileModel):
     admin_keys: list[KeyHash] = []  # sha256 hashes, like tenant keys
 
 
+class Drain(FileModel):
+    """What SIGTERM does: `/readyz` answers 503 at once; new connections are still
+    served for `announce_s` (load balancers notice the 503 and stop sending); then the
+    listener closes and requests in flight get up to `timeout_s` to finish. A stream
+    still running then ends with an error event. A second SIGTERM cuts it short."""
+
+    announce_s: NonNegativeFloat = 5.0
+    timeout_s: NonNegativeFloat = 30.0
+
+
 class ServerSettings(FileModel):
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    drain: Drain = Drain()
 
 
 class LimitStore(FileModel):

@@ -10,6 +10,7 @@ from aiohttp.http import HttpVersion11
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
 from gateway.context import Endpoint
+from gateway.drain import DRAIN
 from gateway.pipeline import Pipeline
 
 CHAT = Endpoint("chat.completions", "/chat/completions", check_chat)
@@ -50,12 +51,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: at least one enabled backend can take requests. Lists every backend."""
+    """Readiness: at least one enabled backend can take requests, and the process is not
+    draining (SIGTERM). Lists every backend."""
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
     backends = pipeline.pool.status(policy)
     ready = any(state == "ready" for state in backends.values())
-    return _json({"status": "ready" if ready else "not ready", "policy": policy.version_hash,
+    status = "ready" if ready else "not ready"
+    if request.app[DRAIN].draining:
+        ready, status = False, "draining"
+    return _json({"status": status, "policy": policy.version_hash,
                   "backends": backends}, status=200 if ready else 503)
 
 
