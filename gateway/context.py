@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.auth import Identity
+from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.server_timing import ServerTiming
 from gateway.telemetry.request import RequestTelemetry
@@ -64,6 +65,7 @@ class RequestContext:
     client_wants_usage: bool = False  # stream_options.include_usage was true
     candidates: Sequence[ModelTarget] = ()  # ordered: primary first, then fallbacks
     decision: Any = None  # the router's own record of why (for spans and logs)
+    deadline: Deadline | None = None  # from the latency budget, once routed; None: none
     target: ModelTarget | None = None  # the candidate being tried / that answered
     attempts: list[Attempt] = field(default_factory=list)
     upstream_headers: dict[str, str] = field(default_factory=dict)  # added to the upstream call

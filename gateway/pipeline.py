@@ -32,9 +32,11 @@ from aiohttp import web
 from gateway.api.validate import model_name
 from gateway.auth import Authenticator
 from gateway.context import Attempt, Endpoint, RequestContext
+from gateway.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.errors import (
     TIMING_KEY,
     BadRequest,
+    DeadlinePassed,
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
@@ -47,6 +49,7 @@ from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.upstream.openai import UpstreamFailure
 from gateway.upstream.pool import UpstreamPool
+from routing.decide import RouteDecision
 
 log = logging.getLogger("routegate.pipeline")
 
@@ -157,6 +160,20 @@ class Pipeline:
         ctx.candidates = self.pool.serving(ctx.endpoint.path, self.hooks.router(ctx))
         if not ctx.candidates:
             raise NoBackendAvailable(f"No backend can serve '{ctx.model}' now.")
+        ctx.deadline = self.deadline(ctx)
+
+    @staticmethod
+    def deadline(ctx: RequestContext) -> Deadline | None:
+        """From the budgets routing read (or, with no router of ours, the route's)."""
+        decision = ctx.decision
+        if isinstance(decision, RouteDecision):
+            features = decision.features
+            ttft_ms, total_ms = features.ttft_budget_ms, features.total_budget_ms
+        else:
+            tenant = ctx.identity.tenant if ctx.identity is not None else None
+            ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.policy.resolve_model(
+                ctx.model, tenant), ctx.request.headers)
+        return Deadline.of(ctx.timing.start, ttft_ms, total_ms)
 
     async def forward(self, ctx: RequestContext) -> web.StreamResponse:
         failures: list[UpstreamFailure] = []
@@ -166,10 +183,18 @@ class Pipeline:
         # Anthropic backend) as it prepared the body: before any queue slot, span or
         # attempt, and another candidate may serve it
         inexpressible: list[BadRequest] = []
+        deadline, late = ctx.deadline, []  # fallbacks predicted not to fit what is left
         tried = 0
-        for target in ctx.candidates:
+        for index, target in enumerate(ctx.candidates):
             if tried >= self.hooks.max_attempts:
                 break
+            if deadline is not None:
+                if deadline.passed(ctx.timing.clock()):
+                    break
+                misfit = _misfit(ctx, deadline, target.key) if index else None
+                if misfit is not None:
+                    late.append(f"{target.key}: {misfit}")
+                    continue
             upstream = self.pool.get(target.backend_name, target.backend)
             if upstream is None:
                 reason = self.pool.unavailable_reason(target.backend_name)
@@ -201,8 +226,17 @@ class Pipeline:
                 ctx.target = target
                 # starts the upstream clock and span; injects this attempt's traceparent
                 traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
+                timeouts = None
+                if deadline is not None:  # after the queue: its wait came out of the budget
+                    now = ctx.timing.clock()
+                    timeouts = deadline.attempt_timeouts(target.backend.timeouts, now)
+                    left = deadline.header_value(now)
+                    if left is not None:
+                        ctx.upstream_headers[DEADLINE_HEADER] = left
+                        traced.deadline(int(left))
                 try:
-                    response = await upstream.open(ctx.endpoint.path, body, ctx.upstream_headers)
+                    response = await upstream.open(ctx.endpoint.path, body,
+                                                   ctx.upstream_headers, timeouts)
                     traced.responded(response.headers, response.status)
                     attempt.status = response.status
                     if ctx.stream and response.content_type == "text/event-stream":
@@ -226,6 +260,8 @@ class Pipeline:
             traced.end()
             self._attempt_finished(ctx, attempt)
             return result
+        if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
+            raise _deadline_exceeded(ctx, [*unavailable, *late])
         if saturated and not failures:  # shed: 503 with the soonest Retry-After
             raise BackendSaturated.for_all(ctx.model, saturated, unavailable)
         if inexpressible and not failures:  # no candidate could take the request as sent
@@ -280,6 +316,28 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
 
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+
+
+def _misfit(ctx: RequestContext, deadline: Deadline, key: str) -> str | None:
+    """Why the fallback `key` is predicted not to fit what is left of the budget. Not
+    asked when routing chose past the budget anyway (`on_budget_miss: fastest`)."""
+    decision = ctx.decision
+    if not isinstance(decision, RouteDecision) or decision.budget_missed:
+        return None
+    for candidate in decision.candidates:
+        if candidate.key == key:
+            return deadline.misfit(ctx.timing.clock(), candidate.ttft_ms, candidate.total_ms)
+    return None
+
+
+def _deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePassed:
+    tried = "; ".join(f"{attempt.target.key} ({(attempt.error or '').rstrip('.')})"
+                      for attempt in ctx.attempts)
+    text = f"The request's latency budget ran out before any backend answered '{ctx.model}'"
+    text += f"; tried {tried}" if tried else "; nothing was tried"
+    if skipped:
+        text += "; not tried " + "; ".join(skipped)
+    return DeadlinePassed(text + ".")
 
 
 def _describe(failure: UpstreamFailure) -> str:

@@ -9,16 +9,15 @@ and leaves it when the response (the whole stream) has been relayed:
 - a request whose deadline passes while it waits raises `DeadlinePassed` (504);
 - a client that disconnects cancels the wait and leaves the queue at once.
 
-The request's deadline is its arrival plus its TTFT budget (the route's
-`latency_budget.ttft_ms`, tightened by the `x-routegate-ttft-budget-ms` header);
+The request's deadline is when its first token is due (`gateway/deadline.py`: the
+route's `latency_budget`, tightened by the request's budget headers);
 its priority is its tenant's (`tenants.<name>.priority`, else `defaults.priority`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import math
 from collections.abc import Sequence
-from time import perf_counter
 
 from gateway.context import RequestContext
 from gateway.errors import DeadlinePassed, NoBackendAvailable
@@ -27,7 +26,6 @@ from gateway.queueing.fair_share import Priority
 from gateway.queueing.queues import BackendQueues
 from gateway.queueing.slots import Ticket
 from policies.load import ModelTarget
-from routing.features import TTFT_BUDGET_HEADER, FeatureError, tightened
 
 QUEUE_STATE = "queue"  # ctx.state key: the held backend `Ticket` (key, priority, waited_s)
 
@@ -57,20 +55,12 @@ class QueueSlotHook:
         return _Slot(self, ctx, target)
 
     def deadline(self, ctx: RequestContext) -> float | None:
-        """Arrival + TTFT budget, on the queue's clock; None when the request has no budget."""
-        # the route that serves this tenant (a tenant's `routes` may send it elsewhere)
-        tenant = ctx.identity.tenant if ctx.identity is not None else None
-        served = ctx.policy.resolve_model(ctx.model, tenant)
-        route = ctx.policy.routes.get(served) if served is not None else None
-        budget_ms = route.latency_budget.ttft_ms if route is not None else None
-        # A malformed header is routing's to report (400); the queue keeps the route's budget.
-        with contextlib.suppress(FeatureError):
-            budget_ms = tightened(budget_ms, ctx.request.headers.get(TTFT_BUDGET_HEADER),
-                                  TTFT_BUDGET_HEADER)
-        if budget_ms is None:
+        """When the request's first token is due (`ctx.deadline`), on the queue's clock;
+        None when the request has no budget."""
+        deadline = ctx.deadline
+        if deadline is None or deadline.first_token_at == math.inf:
             return None
-        age_s = perf_counter() - ctx.timing.start
-        return self.queues.clock.now() - age_s + budget_ms / 1000.0
+        return self.queues.clock.now() + deadline.first_token_at - ctx.timing.clock()
 
 
 def priority_of(ctx: RequestContext, tenant: str) -> Priority:

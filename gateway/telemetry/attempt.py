@@ -46,6 +46,11 @@ class UpstreamAttempt:
         """Add `traceparent` so the backend continues this trace under this span."""
         self._req.trace.inject(self.span, headers)
 
+    def deadline(self, left_ms: int) -> None:
+        """The request's budget left as this attempt was sent (`x-routegate-deadline-ms`)."""
+        if self.span.is_recording():
+            self.span.set_attribute(a.RG_DEADLINE_MS, left_ms)
+
     def responded(self, headers: Mapping[str, str], status: int = 200) -> None:
         """Upstream response headers arrived: first byte, and any timing they report."""
         timings = self._req.timings

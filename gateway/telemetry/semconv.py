@@ -42,6 +42,7 @@ RG_PREDICTED_COST_USD = "routegate.predicted.cost_usd"
 RG_ACTUAL_TTFT_MS = "routegate.actual.ttft_ms"
 RG_QUEUE_WAIT_MS = "routegate.queue.wait_ms"
 RG_ATTEMPT = "routegate.attempt"
+RG_DEADLINE_MS = "routegate.deadline_ms"  # budget left when the attempt was sent
 RG_FALLBACK = "routegate.fallback"
 RG_STREAM = "routegate.stream"
 RG_GW_MS = "routegate.timing.gw_ms"

@@ -29,7 +29,7 @@ from gateway.upstream.anthropic_translate import (
     messages_request,
     openai_error,
 )
-from gateway.upstream.http1 import Http1Response
+from gateway.upstream.http1 import Http1Response, Timeouts
 from gateway.upstream.openai import OpenAIUpstream
 from policies.schema import Backend
 
@@ -122,8 +122,9 @@ class AnthropicUpstream(OpenAIUpstream):
     # Returns the OpenAI-shaped view, not the aiohttp response the base class returns;
     # the pipeline reads both through `pool.UpstreamResponse`. `body`: from `prepare`.
     async def open(self, path: str, body: bytes,  # type: ignore[override]
-                   headers: Mapping[str, str] | None = None) -> AnthropicResponse:
-        response = await super().open(self._messages_path, body, headers)
+                   headers: Mapping[str, str] | None = None,
+                   timeouts: Timeouts | None = None) -> AnthropicResponse:
+        response = await super().open(self._messages_path, body, headers, timeouts)
         # The gateway asks every stream for its usage; the relay strips that chunk
         # again when the client did not ask for it.
         return AnthropicResponse(response, include_usage=True)

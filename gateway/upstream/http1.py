@@ -130,9 +130,11 @@ class Http1Response:
         if on_done is not None:
             on_done()
 
-    def _expire(self) -> None:
-        """`total_s` is up: fail whoever waits (headers or body) and drop the socket."""
-        error = ServerTimeoutError("Total timeout: the exchange took too long")
+    def _expire(self, which: str = "total") -> None:
+        """`total_s` (or a request's own `first_byte_s`) is up: fail whoever waits
+        (headers or body) and drop the socket."""
+        error = ServerTimeoutError(f"Deadline: no {which} in time" if which != "total"
+                                   else "Total timeout: the exchange took too long")
         self._protocol.set_exception(error)
         self.content.set_exception(error)
         self.close()
@@ -182,36 +184,40 @@ class Http1Client:
     def address(self) -> str:
         return f"{self._host}:{self._port}"
 
-    async def post(self, path: str, body: bytes,
-                   headers: Mapping[str, str] | None = None) -> Http1Response:
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
+                   timeouts: Timeouts | None = None) -> Http1Response:
         """Send `body` to `path` (under the base URL's path) and wait for the response
-        headers; the caller reads `content` and then releases or closes the response."""
+        headers; the caller reads `content` and then releases or closes the response.
+        `timeouts`: this request's own, tighter than the client's (a request's deadline);
+        its `first_byte_s` bounds the wait for the response headers only, the silences
+        of a stream after them stay bounded by the client's."""
         loop = self._loop
         if loop is None:  # one client, one event loop: looked up once
             loop = self._loop = asyncio.get_running_loop()
-        protocol, reused = await self._acquire(loop)
+        timeouts = timeouts or self.timeouts
+        protocol, reused = await self._acquire(loop, timeouts)
         try:
-            return await self._exchange(loop, protocol, path, body, headers)
+            return await self._exchange(loop, protocol, path, body, headers, timeouts)
         except (ServerDisconnectedError, ClientOSError):
             if not reused:
                 raise
         # The backend closed a kept-alive connection just as this request went out on it
         # (its idle timeout): nothing was answered, so once more, on a new connection.
-        protocol, _ = await self._acquire(loop, reuse=False)
-        return await self._exchange(loop, protocol, path, body, headers)
+        protocol, _ = await self._acquire(loop, timeouts, reuse=False)
+        return await self._exchange(loop, protocol, path, body, headers, timeouts)
 
     async def _exchange(self, loop: asyncio.AbstractEventLoop, protocol: ResponseHandler,
-                        path: str, body: bytes,
-                        headers: Mapping[str, str] | None) -> Http1Response:
+                        path: str, body: bytes, headers: Mapping[str, str] | None,
+                        timeouts: Timeouts) -> Http1Response:
         response = Http1Response(self, protocol)
+        first_byte: asyncio.TimerHandle | None = None
         try:
-            timeouts = self.timeouts
             response._deadline = loop.call_at(loop.time() + timeouts.total_s,
                                               response._expire)
             # read_until_eof: a body with neither length nor chunking ends with the
             # connection, as `ClientSession` reads it
             protocol.set_response_params(read_until_eof=True,
-                                         read_timeout=timeouts.first_byte_s)
+                                         read_timeout=self.timeouts.first_byte_s)
             head = self._heads.get(path)
             if head is None:
                 head = self._heads[path] = (f"POST {self._prefix}{path} HTTP/1.1\r\n"
@@ -229,18 +235,24 @@ class Http1Client:
                                 % (head, extra, len(body), body))
             if early is None:
                 protocol.start_timeout()  # first_byte_s runs from the end of the writing
+                if timeouts.first_byte_s < self.timeouts.first_byte_s:
+                    first_byte = loop.call_at(loop.time() + timeouts.first_byte_s,
+                                              response._expire, "first byte")
                 message, payload = await protocol.read()
             else:
                 message, payload = early
         except BaseException:
             response.close()
             raise
+        finally:
+            if first_byte is not None:
+                first_byte.cancel()
         response.status = message.code
         response.headers = message.headers
         response.content = payload
         return response
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, *,
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, timeouts: Timeouts, *,
                        reuse: bool = True) -> tuple[ResponseHandler, bool]:
         """A connection and whether it served an earlier request; `reuse=False` opens
         a new one (as soon as the bound allows)."""
@@ -257,7 +269,7 @@ class Http1Client:
             waiter: asyncio.Future[ResponseHandler | None] = loop.create_future()
             self._waiters.append(waiter)
             try:
-                async with asyncio.timeout(self.timeouts.total_s):  # only when waiting
+                async with asyncio.timeout(timeouts.total_s):  # only when waiting
                     handed = await waiter
             except (asyncio.CancelledError, TimeoutError) as exc:
                 if waiter.done() and not waiter.cancelled():  # handed over, then cancelled
@@ -276,14 +288,15 @@ class Http1Client:
         else:
             self._open += 1
         try:
-            return await self._connect(loop), False
+            return await self._connect(loop, timeouts.connect_s), False
         except BaseException:
             self._give_back(None, False)
             raise
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> ResponseHandler:
+    async def _connect(self, loop: asyncio.AbstractEventLoop,
+                       connect_s: float) -> ResponseHandler:
         try:
-            async with asyncio.timeout(self.timeouts.connect_s):
+            async with asyncio.timeout(connect_s):
                 _, protocol = await loop.create_connection(
                     lambda: ResponseHandler(loop), self._host, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)

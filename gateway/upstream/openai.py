@@ -126,15 +126,16 @@ class OpenAIUpstream:
         sent or counted, and the pipeline moves on to the next candidate."""
         return upstream_body(raw, body, model, add_include_usage=stream_usage)
 
-    async def open(self, path: str, body: bytes,
-                   headers: Mapping[str, str] | None = None) -> Http1Response:
-        """POST and wait for the response headers. A 2xx/4xx response is returned open
+    async def open(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
+                   timeouts: Timeouts | None = None) -> Http1Response:
+        """POST and wait for the response headers (`timeouts`: this attempt's, when a
+        deadline makes them tighter than the backend's). A 2xx/4xx response is returned open
         (the caller reads and releases it); connection failures, timeouts, 429, 5xx and
         a refusal of the gateway's own credentials (401/403) raise `UpstreamFailure` so
         the caller can try the next candidate."""
         self._users += 1
         try:
-            response = await self._post(path, body, headers)
+            response = await self._post(path, body, headers, timeouts)
         except BaseException:
             self._finished()
             raise
@@ -156,10 +157,10 @@ class OpenAIUpstream:
                                   headers=response.headers)
         return response
 
-    async def _post(self, path: str, body: bytes,
-                    headers: Mapping[str, str] | None) -> Http1Response:
+    async def _post(self, path: str, body: bytes, headers: Mapping[str, str] | None,
+                    timeouts: Timeouts | None) -> Http1Response:
         try:
-            return await self.client().post(path, body, headers)
+            return await self.client().post(path, body, headers, timeouts)
         except TimeoutError as exc:
             raise UpstreamFailure(UpstreamTimeout(
                 f"Backend '{self.name}' did not respond in time ({exc.__class__.__name__})."

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from gateway.errors import BadRequest
 from gateway.upstream.anthropic import AnthropicUpstream, unsupported_message
+from gateway.upstream.http1 import Timeouts
 from gateway.upstream.openai import OpenAIUpstream
 from policies.load import ModelTarget, Policy
 from policies.schema import Backend
@@ -52,8 +53,8 @@ class Upstream(Protocol):
 
     def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
                 stream_usage: bool) -> bytes: ...
-    async def open(self, path: str, body: bytes,
-                   headers: Mapping[str, str] | None = None) -> UpstreamResponse: ...
+    async def open(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
+                   timeouts: Timeouts | None = None) -> UpstreamResponse: ...
     async def close(self) -> None: ...
     def retire(self) -> None: ...
     @property

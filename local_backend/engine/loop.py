@@ -55,7 +55,7 @@ class RequestOutput:
     token_ids: list[int]
     time: float  # monotonic time the newest token was produced
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | abort | error | shutdown
+    finish_reason: str | None = None  # stop | length | deadline | abort | error | shutdown
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -152,8 +152,12 @@ class Engine:
         params: SamplingParams,
         *,
         arrival: float | None = None,
+        deadline: float | None = None,
     ) -> asyncio.Queue[RequestOutput]:
-        """Queue a request; its outputs arrive on the returned queue. Call from the event loop."""
+        """Queue a request; its outputs arrive on the returned queue. Call from the event loop.
+        `deadline` (engine clock): when nobody waits for the answer any more; a sequence
+        still queued then is dropped before its prefill, a running one stops at that
+        step, both with finish_reason "deadline"."""
         if not prompt_ids:
             raise RequestRejected("the prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
@@ -169,7 +173,8 @@ class Engine:
         stop_ids = params.stop_token_ids or self.eos_token_ids
         params = dataclasses.replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids)
         seq = Sequence(request_id, list(prompt_ids), params,
-                       Timings(arrival=self.clock() if arrival is None else arrival))
+                       Timings(arrival=self.clock() if arrival is None else arrival),
+                       deadline=deadline)
         # Unbounded in type only: it holds at most one output per step, max_tokens + 1 in all.
         out: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))
@@ -245,6 +250,7 @@ class Engine:
 
     def _step(self) -> None:
         now = self.clock()
+        self._expire(now)
         batch = self.scheduler.schedule(now)
         if not batch.seqs:
             time.sleep(0.001)  # nothing fits this instant; blocks free up as others finish
@@ -264,6 +270,18 @@ class Engine:
             for seq, token, lp in zip(chosen, tokens, logprobs, strict=True)
         ]
         self._flush(outputs)
+        self._forget_finished()
+
+    def _expire(self, now: float) -> None:
+        """End the sequences whose deadline has passed: no step is spent on them."""
+        scheduler = self.scheduler
+        late = [seq for seq in (*scheduler.running, *scheduler.waiting)
+                if seq.deadline is not None and seq.deadline <= now]
+        if not late:
+            return
+        for seq in late:
+            self._finish(seq, "deadline", now)
+        self._flush([self._final_output(seq) for seq in late])
         self._forget_finished()
 
     def _append(

@@ -66,6 +66,7 @@ class Sequence:
     # Prompt tokens served from the prefix cache on first admission.
     num_cached: int = 0
     preemptions: int = 0
+    deadline: float | None = None  # engine clock; past it the sequence ends ("deadline")
     finish_reason: str | None = None
     text: str = ""  # detokenised output, trimmed at a stop string
     emitted_chars: int = 0  # how much of `text` has been handed out

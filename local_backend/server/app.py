@@ -39,6 +39,34 @@ from local_backend.server.timing import (
 INLINE_TOKENIZE_CHARS = 4096
 RETRY_AFTER_S = 1
 ENGINE_FAILURES = ("error", "shutdown")
+# The time the caller still waits for the answer, in ms (a gateway sends it): past it the
+# request is dropped if still queued (504) or stopped where it is.
+DEADLINE_HEADER = "x-routegate-deadline-ms"
+
+
+def unserved(final: RequestOutput) -> ApiError | None:
+    """Why a choice that ended produced nothing the client can use, or None."""
+    if final.finish_reason in ENGINE_FAILURES:
+        return engine_failure(final.finish_reason)
+    if final.finish_reason == "deadline" and not final.completion_tokens:
+        return ApiError(504, f"the request's deadline ({DEADLINE_HEADER}) passed before it "
+                        "left the queue", type_="server_error", code="deadline_exceeded")
+    return None
+
+
+def deadline_of(request: web.Request, arrival: float) -> float | None:
+    """`arrival` + the header's milliseconds, on the engine clock; None without it."""
+    value = request.headers.get(DEADLINE_HEADER)
+    if value is None:
+        return None
+    try:
+        left_ms = float(value)
+    except ValueError:
+        left_ms = -1.0
+    if not 0 <= left_ms < float("inf"):
+        raise bad_request(f"{DEADLINE_HEADER} must be a non-negative number of milliseconds",
+                          DEADLINE_HEADER)
+    return arrival + left_ms / 1000.0
 
 
 def engine_failure(reason: str | None) -> ApiError:
@@ -144,6 +172,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     b = request.app[BACKEND]
     engine = b.engine
     arrival = engine.clock()
+    deadline = deadline_of(request, arrival)
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
@@ -164,7 +193,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     try:
         for index, choice_id in enumerate(choice_ids):
             queues.append(engine.add_request(choice_id, prompt_ids,
-                                             choice_params(req.params, index), arrival=arrival))
+                                             choice_params(req.params, index), arrival=arrival,
+                                             deadline=deadline))
     except (QueueFull, RequestRejected) as exc:
         for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
             engine.abort(choice_id)
@@ -255,8 +285,9 @@ async def _complete(
                 texts[index].append(out.text)
                 lps[index].extend(out.logprobs)
             if batch[-1].finished:
-                if batch[-1].finish_reason in ENGINE_FAILURES:
-                    raise engine_failure(batch[-1].finish_reason)
+                failure = unserved(batch[-1])
+                if failure is not None:
+                    raise failure
                 ended[index] = batch[-1]
     finals = [last for last in ended if last is not None]  # every choice, once it ends
     final = combined(builder.id, finals)
@@ -298,8 +329,9 @@ async def _relay(
     async with contextlib.aclosing(_choice_batches(b, queues)) as batches:
         async for index, batch in batches:
             final = batch[-1] if batch[-1].finished else None
-            if final is not None and final.finish_reason in ENGINE_FAILURES:
-                await send({"error": engine_failure(final.finish_reason).body()})
+            failure = unserved(final) if final is not None else None
+            if failure is not None:
+                await send({"error": failure.body()})
                 break
             text = "".join(o.text for o in batch)
             lps = [lp for o in batch for lp in o.logprobs]

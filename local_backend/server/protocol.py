@@ -244,7 +244,7 @@ class ResponseBuilder:
         for index, (text, last, lps) in enumerate(choices):
             choice: dict[str, Any] = {
                 "index": index, "logprobs": logprobs_body(self.tokenizer, lps, chat=self.chat),
-                "finish_reason": last.finish_reason}
+                "finish_reason": client_finish_reason(last.finish_reason)}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
@@ -256,7 +256,7 @@ class ResponseBuilder:
     def chunk(self, output: RequestOutput | None, *, first: bool = False,
               index: int = 0) -> dict[str, Any]:
         text = output.text if output is not None else ""
-        reason = output.finish_reason if output is not None else None
+        reason = client_finish_reason(output.finish_reason) if output is not None else None
         lps = output.logprobs if output is not None else []
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs_body(
             self.tokenizer, lps, chat=self.chat), "finish_reason": reason}
@@ -269,3 +269,10 @@ class ResponseBuilder:
 
     def usage_chunk(self, final: RequestOutput, metrics: dict[str, Any]) -> dict[str, Any]:
         return {**self._envelope(True), "choices": [], "usage": usage(final), "metrics": metrics}
+
+
+def client_finish_reason(reason: str | None) -> str | None:
+    """The engine's reason as OpenAI's API words it: a choice cut short by the request's
+    deadline (`x-routegate-deadline-ms`) ends as "length", cut at a limit as `max_tokens`
+    cuts it (the server's own metrics keep the label "deadline")."""
+    return "length" if reason == "deadline" else reason

@@ -38,8 +38,11 @@ def policy(backends: dict[str, dict[str, Any]], *, ttft_ms: float | None = None,
 
 
 async def post(gateway: RunningGateway, content: str, *, key: str | None = None,
-               timeout_s: float = 10.0) -> tuple[int, dict[str, str], dict[str, Any]]:
+               timeout_s: float = 10.0, ttft_ms: float | None = None,
+               ) -> tuple[int, dict[str, str], dict[str, Any]]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if ttft_ms is not None:
+        headers["x-routegate-ttft-budget-ms"] = str(ttft_ms)
     body = {"model": "chat", "messages": [{"role": "user", "content": content}]}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s, \
             s.post(gateway.base_url + "/chat/completions", json=body, headers=headers) as r:
@@ -102,10 +105,10 @@ async def test_saturated_backend_spills_to_the_next_candidate(
 async def test_deadline_passing_in_the_queue_answers_504_saying_how_long_it_waited(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
     fake = await start_upstream(Behaviour(first_byte_delay_s=1.0))
-    gateway = await start_gateway(policy({"local": backend(fake.url)}, ttft_ms=300))
+    gateway = await start_gateway(policy({"local": backend(fake.url)}, ttft_ms=3000))
     holder = asyncio.create_task(post(gateway, "holder"))
     await fake.request_seen.wait()
-    status, _, body = await post(gateway, "late")
+    status, _, body = await post(gateway, "late", ttft_ms=300)
     assert status == 504
     assert body["error"]["code"] == "deadline_exceeded"
     assert re.search(r"waited 0\.[23]\d s in the queue", body["error"]["message"])
