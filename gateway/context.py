@@ -13,6 +13,7 @@ from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.server_timing import ServerTiming
 from gateway.telemetry.request import RequestTelemetry
+from gateway.upstream.openai import Incapable
 from policies.load import ModelTarget, Policy
 
 Body = dict[str, Any]
@@ -47,6 +48,7 @@ class Attempt:
     target: ModelTarget
     error: str | None = None
     status: int | None = None  # the backend's HTTP status, when it answered
+    cannot: Incapable | None = None  # it answered it cannot do what was asked
 
 
 @dataclass(slots=True, eq=False)

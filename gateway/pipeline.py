@@ -141,8 +141,10 @@ class Pipeline:
         ctx.body = body
         ctx.model = model_name(body)
         ctx.endpoint.check(body)
-        tenant = ctx.identity.tenant if ctx.identity is not None else None
-        if ctx.policy.resolve_model(ctx.model, tenant) is None:
+        identity = ctx.identity
+        tenant = identity.tenant if identity else ctx.policy.file.auth.anonymous.tenant
+        if ctx.policy.usable(ctx.model, tenant,
+                             identity.key_hash if identity else None) is None:
             raise ModelNotFound(
                 f"The model '{ctx.model}' does not exist; GET /v1/models lists the routes "
                 "and models you can use.", param="model")
@@ -245,6 +247,7 @@ class Pipeline:
                         result = await relay_body(ctx, response)
                 except UpstreamFailure as failure:
                     attempt.error, attempt.status = failure.error.message, failure.status
+                    attempt.cannot = failure.cannot
                     traced.failed(failure.error.message, failure.status)
                     failures.append(failure)
                     self._attempt_finished(ctx, attempt)
@@ -279,6 +282,11 @@ class Pipeline:
                 f"No backend can serve '{ctx.model}': " + "; ".join(unavailable) + ".")
         summary = "; ".join(_describe(failure) for failure in failures)
         last = failures[-1]
+        if last.cannot is not None and all(failure.cannot for failure in failures):
+            # every backend tried said it cannot do this: the client's to change (400)
+            return BadRequest(f"No backend for '{ctx.model}' can serve this request as "
+                              f"written: {summary}", param=last.cannot.param,
+                              code=last.cannot.code)
         if len(failures) > 1 or unavailable:
             summary = f"All candidates for '{ctx.model}' failed: {summary}" + (
                 "; " + "; ".join(unavailable) if unavailable else "")

@@ -22,7 +22,7 @@ from gateway.context import Dialect, RequestContext
 from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
-from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure
+from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure, incapable
 from gateway.upstream.pool import UpstreamResponse
 from gateway.whole_response import WholeResponse
 
@@ -50,10 +50,18 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
             f"Backend '{name}' redirected the request (HTTP {status}) to "
             f"{response.headers.get('Location', 'nowhere')}; its url needs updating."),
             status=status)
-    if 400 <= status < 500 and not _is_openai_error(data):
-        raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
-                                  f"(HTTP {status}).",
-                                  detail=f"It said: {data[:300].decode(errors='replace')}")
+    if 400 <= status < 500:
+        error = _openai_error(data)
+        if error is None:
+            raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
+                                      f"(HTTP {status}).",
+                                      detail=f"It said: {data[:300].decode(errors='replace')}")
+        cannot = incapable(status, error)
+        if cannot is not None:  # nothing sent yet: the next candidate may do it
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{name}' cannot serve this request ({cannot.code}"
+                + (f", param {cannot.param}" if cannot.param else "") + ")."),
+                status=status, body=data, cannot=cannot)
     if status < 300 and len(data) <= MAX_PARSED_REPLY_BYTES:
         reply = _parsed(data)  # parsed once: usage here, model/id/finish reasons for spans
         if reply is None:  # an HTML page from a proxy, a cut body: nothing sent yet
@@ -172,9 +180,11 @@ def _parsed(data: bytes) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _is_openai_error(data: bytes) -> bool:
+def _openai_error(data: bytes) -> dict[str, Any] | None:
+    """The `error` object of an OpenAI-shaped error body, or None."""
     body = _parsed(data)
-    return body is not None and isinstance(body.get("error"), dict)
+    error = body.get("error") if body is not None else None
+    return error if isinstance(error, dict) else None
 
 
 def usage_of(data: bytes) -> dict[str, object] | None:

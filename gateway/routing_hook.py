@@ -41,7 +41,9 @@ from gateway.hooks import Hooks, QueueSlots
 from gateway.limits.admission import BUDGET_LEFT_STATE, INPUT_TOKENS_STATE, PRICE_STATE
 from gateway.live_policy import LivePolicy
 from gateway.upstream.pool import UpstreamPool
+from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
+from routing.capabilities import Learned, bits_for_param
 from routing.decide import Candidate, Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
 from routing.pii import PiiScanner
@@ -69,14 +71,47 @@ class RoutingHook:
         self.stats = stats or LiveStats()
         self.tokens = tokens or TokenCounter()
         self._compiled: _Compiled | None = None
+        # what launched backends said they can do, by backend name (kept across reloads:
+        # the child is the same); what backends answered they cannot, under one policy
+        self.reported: dict[str, ModelCapabilities] = {}
+        self.learned = Learned()
+        self._learned_under: Policy | None = None
 
     def _for(self, policy: Policy) -> _Compiled:
         compiled = self._compiled
         if compiled is None or compiled.policy is not policy:
-            compiled = _Compiled(policy, Router(policy),
+            if self._learned_under is not policy:  # a reload forgets what was learned
+                self.learned, self._learned_under = Learned(), policy
+            reported = {key: self.reported[target.backend_name]
+                        for key, target in policy.targets.items()
+                        if target.backend_name in self.reported}
+            compiled = _Compiled(policy, Router(policy, reported, self.learned),
                                  PiiScanner(policy.file.compliance.pii.detect))
             self._compiled = compiled
         return compiled
+
+    def backend_reported(self, backend: str, capabilities: ModelCapabilities | None) -> None:
+        """A launched backend's self-description (None: it gave none); the next
+        decision uses it."""
+        if capabilities is None:
+            self.reported.pop(backend, None)
+        else:
+            self.reported[backend] = capabilities
+        self._compiled = None
+
+    def _learn(self, ctx: RequestContext, attempt: Attempt) -> None:
+        cannot, decision = attempt.cannot, ctx.decision
+        if cannot is None or not isinstance(decision, RouteDecision) or \
+                ctx.policy is not self._learned_under:
+            return
+        key, features = attempt.target.key, decision.features
+        if cannot.context_exceeded:
+            changed = self.learned.overflowed(
+                key, features.input_tokens + features.output_tokens)
+        else:
+            changed = self.learned.lack(key, bits_for_param(cannot.param) & features.needs)
+        if changed:
+            self._compiled = None
 
     # -- hooks.router ----------------------------------------------------------
 
@@ -90,8 +125,11 @@ class RoutingHook:
                 ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
                 pii=compiled.pii, stats=stats,
                 tenant_budget_left_micro_usd=ctx.state.get(BUDGET_LEFT_STATE),
-                input_tokens=ctx.state.get(INPUT_TOKENS_STATE))
+                input_tokens=ctx.state.get(INPUT_TOKENS_STATE),
+                key_hash=ctx.identity.key_hash if ctx.identity is not None else None)
         except FeatureError as exc:
+            if exc.not_found:
+                raise ModelNotFound(str(exc), param=exc.param) from exc
             raise BadRequest(str(exc), param=exc.param) from exc
         decision = compiled.router.decide(features, stats, monotonic(),
                                           decision_id=ctx.request_id)
@@ -121,6 +159,9 @@ class RoutingHook:
             return
         key = attempt.target.key
         now = monotonic()
+        if attempt.cannot is not None:  # a capability it lacks, not a fault
+            self._learn(ctx, attempt)
+            return
         if attempt.error is not None:
             self.stats.record_error(key, now)
             return
@@ -215,6 +256,8 @@ def _candidate(decision: object, key: str) -> Candidate | None:
 
 
 def _error(rejection: Rejection) -> GatewayError:
+    if rejection.status == 400:
+        return BadRequest(rejection.message, param=rejection.param, code=rejection.code)
     if rejection.status == 403:
         return Forbidden(rejection.message, code=rejection.code)
     if rejection.status == 404:

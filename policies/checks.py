@@ -11,6 +11,7 @@ import fnmatch
 from collections.abc import Sequence
 from typing import Protocol
 
+from policies.capabilities import resolve
 from policies.errors import PolicyIssue
 from policies.hints import did_you_mean
 from policies.locate import Place
@@ -52,6 +53,8 @@ def check(policy: PolicyFile, locate: Locate, source: str) -> Findings:
     _check_keys(policy, found)
     _check_tenant_routes(policy, found)
     _check_compliance(policy, found)
+    _check_access(policy, found)
+    _check_capabilities(policy, found)
     return found
 
 
@@ -186,3 +189,39 @@ def _check_compliance(policy: PolicyFile, found: Findings) -> None:
         found.warn(("compliance", "pii", "action"),
                    "`local_only` with no enabled dedicated backend rejects every request "
                    "that carries PII")
+
+
+def _check_access(policy: PolicyFile, found: Findings) -> None:
+    routes = list(policy.routes)
+    targets = [f"{b}/{m}" for b, backend in policy.backends.items() for m in backend.models]
+    for tenant_name, tenant in policy.tenants.items():
+        base = ("tenants", tenant_name)
+        for key_hash in tenant.key_access:
+            if key_hash not in tenant.api_keys:
+                found.error((*base, "key_access", key_hash),
+                            "`key_access` names a key that is not one of this tenant's "
+                            "`api_keys`", at_key=True)
+        for field_name, kind, names in (("allow", "route", routes),
+                                        ("allow_targets", "target", targets)):
+            for position, pattern in enumerate(getattr(tenant, field_name) or ()):
+                if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                    found.warn((*base, field_name, position), f"`{pattern}` matches no {kind}",
+                               did_you_mean(pattern, names))
+
+
+def _check_capabilities(policy: PolicyFile, found: Findings) -> None:
+    """A route none of whose targets can do what another route's can (tools, vision, ...)
+    refuses such requests with a 400: worth saying before a client finds out."""
+    models = {f"{b}/{m}": resolve(backend, spec)
+              for b, backend in policy.backends.items() if backend.enabled
+              for m, spec in backend.models.items()}
+    can = {name: frozenset().union(*(models[t].names() for t in route.targets if t in models))
+           for name, route in policy.routes.items()}
+    everywhere = frozenset().union(*can.values())
+    for name, has in can.items():
+        for capability in sorted(everywhere - has):
+            others = [other for other, theirs in can.items() if capability in theirs]
+            found.warn(("routes", name, "targets"),
+                       f"no target of route `{name}` supports {capability} (route "
+                       f"`{others[0]}` does): such requests to `{name}` get a 400",
+                       f"add a target that supports {capability} as a fallback")

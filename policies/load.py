@@ -18,14 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from policies.access import Access, AccessTable
 from policies.checks import check
 from policies.errors import PolicyError, PolicyIssue
 from policies.hints import did_you_mean, field_names_at, literal_values_at
 from policies.locate import LocatedDocument, Place, render_path
 from policies.schema import Backend, ModelSpec, PolicyFile, Route
 
-__all__ = ["ModelTarget", "Policy", "PolicyError", "PolicyIssue", "build", "load", "loads",
-           "parse"]
+__all__ = ["Access", "ModelTarget", "Policy", "PolicyError", "PolicyIssue", "build", "load",
+           "loads", "parse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,18 @@ class Policy:
     routes: Mapping[str, Route]  # targets on disabled backends removed
     tenant_by_key_hash: Mapping[str, str]  # "sha256:…" → tenant name
     admin_key_hashes: frozenset[str]
+    access: AccessTable = field(compare=False)  # derived from `file`
     warnings: tuple[PolicyIssue, ...] = field(default=())
+
+    def access_of(self, tenant: str, key_hash: str | None = None) -> Access:
+        return self.access.of(tenant, key_hash)
+
+    def usable(self, requested: str, tenant: str, key_hash: str | None = None) -> str | None:
+        """`resolve_model` for a caller: None also when its access does not allow the
+        name (to it, the model does not exist)."""
+        if not self.access.of(tenant, key_hash).allows(requested):
+            return None
+        return self.resolve_model(requested, tenant)
 
     def resolve_model(self, requested: str, tenant: str | None = None) -> str | None:
         """The route name or target key a client's `model` names, or None.
@@ -152,6 +164,7 @@ def build(policy_file: PolicyFile, *, source: str = "<policy>", digest: str = ""
         file=policy_file, source=source, version_hash=digest, targets=targets, routes=routes,
         tenant_by_key_hash=tenant_by_key_hash,
         admin_key_hashes=frozenset(policy_file.auth.admin_keys),
+        access=AccessTable(policy_file, routes, targets),
         warnings=tuple(sorted(found.warnings, key=_file_order)),
     )
 

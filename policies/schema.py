@@ -70,11 +70,30 @@ class LatencyPriors(FileModel):
     decode_tokens_per_s: PositiveFloat = 50.0
 
 
+class Capabilities(FileModel):
+    """What a model can do. A field left out takes its backend type's default: `openai`
+    everything, `anthropic` what the translation to the Messages API carries (tools,
+    vision), a `launch:` backend what it reports about itself at `/v1/models`. Routing
+    sends a request only to targets that can do all it asks (`tools` in the body needs
+    `tools: true`), so a model is never asked for what it would silently ignore."""
+
+    tools: bool | None = None  # `tools` / `tool_choice` (and the legacy `functions`)
+    vision: bool | None = None  # image parts in messages
+    json_mode: bool | None = None  # response_format {type: json_object}
+    json_schema: bool | None = None  # response_format {type: json_schema}
+    logprobs: bool | None = None
+    audio: bool | None = None  # audio parts in messages, or audio output
+    n: PositiveInt | None = None  # the most choices one request may ask for
+
+
 class ModelSpec(FileModel):
     upstream_name: str | None = None  # the name sent upstream when it differs from the key
     input_usd_per_mtok: NonNegativeFloat = 0.0
     output_usd_per_mtok: NonNegativeFloat = 0.0
+    # prompt + completion; a launched backend reports its own (an explicit value wins)
     context_tokens: PositiveInt | None = None
+    max_output_tokens: PositiveInt | None = None  # the most `max_tokens` it accepts
+    capabilities: Capabilities = Capabilities()
     max_concurrency: PositiveInt | None = None  # a queue of its own, inside the backend's
     priors: LatencyPriors = LatencyPriors()
 
@@ -179,8 +198,13 @@ class PiiPolicy(FileModel):
 
 
 class RuleWhen(FileModel):
+    """When a rule applies: every non-empty condition must hold."""
+
     tenant_tags: list[str] = []  # matches when the tenant has any of these tags
     tenants: list[str] = []
+    # Scoped to routes, a rule also holds for each of their targets asked for directly
+    # by its `backend/model` name: what binds `chat` binds every target of `chat`,
+    # however the request names it.
     routes: list[str] = []
 
 
@@ -215,8 +239,25 @@ class Budget(FileModel):
 Priority = Literal["high", "normal", "low"]
 
 
+ModelGlob = Annotated[str, Field(min_length=1)]  # fnmatch pattern: `chat*`, `shared/*`
+
+
+class KeyAccess(FileModel):
+    """One API key's access, in place of its tenant's (a field left out: the tenant's)."""
+
+    allow: list[ModelGlob] | None = None
+    allow_targets: list[ModelGlob] | None = None
+
+
 class Tenant(FileModel):
     api_keys: list[KeyHash] = []
+    # What its callers may ask for by name; anything else is a 404 `model_not_found`, and
+    # `/v1/models` lists only what they may use. None: `defaults.allow` /
+    # `defaults.allow_targets`. `allow` matches route names; `allow_targets` matches
+    # `backend/model` names asked for directly, past every route.
+    allow: list[ModelGlob] | None = None
+    allow_targets: list[ModelGlob] | None = None
+    key_access: dict[KeyHash, KeyAccess] = {}  # per key (one of `api_keys`), overriding
     tags: list[str] = []
     priority: Priority = "normal"
     limits: Limits | None = None  # None: `defaults.limits`
@@ -269,6 +310,10 @@ class LimitStore(FileModel):
 class Defaults(FileModel):
     limits: Limits = Limits(requests_per_minute=60, tokens_per_minute=50_000)
     priority: Priority = "normal"
+    # Access of a tenant that sets none (and of anonymous callers): every route, and no
+    # target by its direct `backend/model` name (that would skip the route's rules).
+    allow: list[ModelGlob] = ["*"]
+    allow_targets: list[ModelGlob] = []
 
 
 class PolicyFile(FileModel):

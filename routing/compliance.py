@@ -6,7 +6,7 @@ Fail-closed: a rule that needs a fact the policy does not state about a backend
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Final, NamedTuple
 
@@ -33,14 +33,31 @@ class Excluded(NamedTuple):
     detail: str  # for people: which rule, which fact; never request content
 
 
-def rule_applies(rule: ComplianceRule, route: str, tenant: str,
+class ScopedRule(NamedTuple):
+    rule: ComplianceRule
+    # `when.routes` and every target of those routes: a target asked for directly is
+    # bound by the rules of each route it serves (empty: not scoped to routes)
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, rule: ComplianceRule, route_targets: Mapping[str, Sequence[str]]
+           ) -> ScopedRule:
+        names = set(rule.when.routes)
+        for route in rule.when.routes:
+            names.update(route_targets.get(route, ()))
+        return cls(rule, frozenset(names))
+
+
+def rule_applies(scoped: ScopedRule, route: str, tenant: str,
                  tags: frozenset[str]) -> bool:
-    when = rule.when
+    """Whether the rule binds a request for `route` (a route, or a target asked for
+    directly) from `tenant` with `tags`."""
+    when = scoped.rule.when
     if when.tenant_tags and tags.isdisjoint(when.tenant_tags):
         return False
     if when.tenants and tenant not in when.tenants:
         return False
-    return not (when.routes and route not in when.routes)
+    return not (when.routes and route not in scoped.names)
 
 
 def rule_violation(rule: ComplianceRule, model: TargetModel) -> Excluded | None:
@@ -67,12 +84,13 @@ def rule_violation(rule: ComplianceRule, model: TargetModel) -> Excluded | None:
     return None
 
 
-def partition_by_rules(models: Sequence[TargetModel], rules: Sequence[ComplianceRule],
+def partition_by_rules(models: Sequence[TargetModel], rules: Sequence[ScopedRule],
                        route: str, tenant: str, tags: frozenset[str],
                        ) -> tuple[tuple[TargetModel, ...], tuple[Excluded, ...]]:
     """(allowed, excluded) for everything that depends only on who asks and for what:
     computed once per (route, tenant) and reused."""
-    applicable = [rule for rule in rules if rule_applies(rule, route, tenant, tags)]
+    applicable = [scoped.rule for scoped in rules
+                  if rule_applies(scoped, route, tenant, tags)]
     allowed: list[TargetModel] = []
     excluded: list[Excluded] = []
     for model in models:

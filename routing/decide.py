@@ -13,12 +13,23 @@ over a handful of candidates: microseconds (see `bench/routing.py`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from policies.capabilities import ModelCapabilities, resolve
 from policies.load import ModelTarget, Policy
+from routing.capabilities import (
+    PARAM,
+    REASON,
+    REASON_CHOICES,
+    REASON_MAX_OUTPUT,
+    REASON_PREFIX,
+    Learned,
+    lowest,
+    names_of,
+)
 from routing.compliance import (
     POLICY_REASONS,
     REASON_CONTEXT_WINDOW,
@@ -26,6 +37,7 @@ from routing.compliance import (
     REASON_TENANT_BUDGET,
     REASON_UNHEALTHY,
     Excluded,
+    ScopedRule,
     partition_by_rules,
     pii_exclusion,
 )
@@ -49,9 +61,12 @@ class Candidate(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    status: int  # 403 the policy forbids it, 429 budget spent, 503 nothing can serve it
+    # 400 no target can do what it asks, 403 the policy forbids it, 429 budget spent,
+    # 503 nothing can serve it now
+    status: int
     code: str
     message: str  # names categories and reasons, never request content
+    param: str | None = None  # the request field at fault (a 400)
 
 
 # Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
@@ -83,7 +98,7 @@ class RouteDecision:
             "outcome": "rejected" if self.rejection else "routed",
             "rejection": None if self.rejection is None else {
                 "status": self.rejection.status, "code": self.rejection.code,
-                "message": self.rejection.message},
+                "message": self.rejection.message, "param": self.rejection.param},
             "budget_missed": self.budget_missed,
             "redact": sorted(self.redact),
             "features": self.features.to_dict(),
@@ -113,14 +128,26 @@ class _RoutePlan(NamedTuple):
 
 
 class Router:
-    """Decisions for one policy. Build it when the policy loads; not thread-safe
-    (its cache is filled from the event loop)."""
+    """Decisions for one policy. Build it when the policy loads, and again when a
+    launched backend reports its capabilities (`reported`, by target key) or a backend
+    answers it cannot do something (`learned`); not thread-safe (its cache is filled
+    from the event loop)."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy,
+                 reported: Mapping[str, ModelCapabilities] | None = None,
+                 learned: Learned | None = None) -> None:
         self.policy = policy
-        self._models = {key: TargetModel.of(target) for key, target in policy.targets.items()}
+        self._models = {}
+        for key, target in policy.targets.items():
+            capabilities = resolve(target.backend, target.spec, (reported or {}).get(key))
+            lacks = 0
+            if learned is not None:
+                capabilities, lacks = learned.applied(key, capabilities)
+            self._models[key] = TargetModel.of(target, capabilities, lacks)
         self._pii = policy.file.compliance.pii
-        self._rules = tuple(policy.file.compliance.rules)
+        route_targets = {name: route.targets for name, route in policy.file.routes.items()}
+        self._rules = tuple(ScopedRule.of(rule, route_targets)
+                            for rule in policy.file.compliance.rules)
         self._plans: dict[str, _RoutePlan] = {}
         for name in (*policy.routes, *policy.targets):
             route = route_for(policy, name)
@@ -171,6 +198,8 @@ class Router:
         targets = stats.targets
         empty = stats.target("")
         pii = features.pii
+        needs, choices = features.needs, features.choices
+        asked_output = outputs if features.output_tokens_source == "request" else 0
         new_tuple, candidate_type = _new_tuple, Candidate
         for model in allowed:
             if pii:
@@ -178,6 +207,10 @@ class Router:
                 if pii_excluded is not None:
                     excluded.append(pii_excluded)
                     continue
+            if needs & model.lacks or choices > model.max_choices or \
+                    asked_output > model.max_output_limit:
+                excluded.append(_incapable(model, features))
+                continue
             if tokens > model.context_limit:
                 excluded.append(Excluded(
                     model.key, REASON_CONTEXT_WINDOW,
@@ -225,7 +258,7 @@ class Router:
         else:
             excluded.extend(_over_budget(missing, features))
             return self._reject(decision_id, features, plan.objective, excluded,
-                                _nothing_fits(excluded, bool(missing)), redact)
+                                _nothing_fits(excluded, bool(missing), features), redact)
         return RouteDecision(decision_id, features.route, plan.objective, tuple(candidates),
                              tuple(excluded), budget_missed, None, redact, features,
                              self.policy.version_hash)
@@ -265,8 +298,53 @@ def _over_budget(missing: list[Candidate], features: RequestFeatures) -> list[Ex
     return out
 
 
-def _nothing_fits(excluded: Sequence[Excluded], budget_only: bool) -> Rejection:
+def _incapable(model: TargetModel, features: RequestFeatures) -> Excluded:
+    missing = features.needs & model.lacks
+    if missing:
+        return Excluded(model.key, REASON[lowest(missing)],
+                        f"the model does not support {', '.join(names_of(missing))}")
+    if features.choices > model.max_choices:
+        return Excluded(model.key, REASON_CHOICES,
+                        f"n={features.choices}; the model gives at most "
+                        f"{model.max_choices:.0f} choices")
+    return Excluded(model.key, REASON_MAX_OUTPUT,
+                    f"max_tokens {features.output_tokens} exceeds the model's "
+                    f"{model.max_output_limit:.0f}")
+
+
+def _is_request_reason(reason: str) -> bool:
+    """An exclusion caused by what the request asks for (no target can do it)."""
+    return reason == REASON_CONTEXT_WINDOW or reason.startswith(REASON_PREFIX)
+
+
+def _cannot_do(excluded: Sequence[Excluded], features: RequestFeatures,
+               considered: str) -> Rejection:
+    """The 400 for a request that no target it may use can serve as written."""
+    request = [e for e in excluded if _is_request_reason(e.reason)]
+    if all(e.reason == REASON_CONTEXT_WINDOW for e in request):
+        tokens = features.input_tokens + features.output_tokens
+        return Rejection(400, "context_length_exceeded", (
+            f"This request needs about {tokens} tokens ({features.input_tokens} in the "
+            f"{features.input_param}, {features.output_tokens} for the completion), more "
+            f"than the context window of every model that may serve "
+            f"{features.route!r}. Shorten the {features.input_param} or lower max_tokens. "
+            f"Considered: {considered}."), features.input_param)
+    first = request[0].reason
+    capability = first.removeprefix(REASON_PREFIX)
+    bit = next((bit for bit, reason in REASON.items() if reason == first), 0)
+    param = PARAM.get(bit) or ("n" if first == REASON_CHOICES else "max_tokens")
+    return Rejection(400, "unsupported_parameter", (
+        f"No model that may serve {features.route!r} supports {capability}, which this "
+        f"request needs. Considered: {considered}."), param)
+
+
+def _nothing_fits(excluded: Sequence[Excluded], budget_only: bool,
+                  features: RequestFeatures) -> Rejection:
     reasons = "; ".join(f"{e.key}: {e.reason} ({e.detail})" for e in excluded)
+    if excluded and not budget_only and \
+            any(_is_request_reason(e.reason) for e in excluded) and \
+            all(_is_request_reason(e.reason) or e.reason in POLICY_REASONS for e in excluded):
+        return _cannot_do(excluded, features, reasons)
     if excluded and all(e.reason == REASON_TENANT_BUDGET for e in excluded):
         return Rejection(429, "budget_exceeded", f"the tenant's budget is spent: {reasons}")
     if budget_only:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from policies.load import Policy
 from policies.schema import Route
+from routing.capabilities import choices_of, names_of, needs_of
 from routing.pii import PiiScanner
 from routing.stats import StatsSnapshot
 from routing.tokens import TokenCounter
@@ -24,9 +25,11 @@ OutputSource = Literal["request", "route_mean", "route_default"]
 class FeatureError(ValueError):
     """The request cannot be routed as written (the gateway answers 400)."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None,
+                 not_found: bool = False) -> None:
         super().__init__(message)
         self.param = param
+        self.not_found = not_found  # the model does not exist for this caller (404)
 
 
 # Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
@@ -45,6 +48,9 @@ class RequestFeatures:
     ttft_budget_ms: float | None
     total_budget_ms: float | None
     tenant_budget_left_micro_usd: int | None = None  # None: no budget, or not tracked
+    needs: int = 0  # capability bits (routing.capabilities) the body asks for
+    choices: int = 1  # `n`
+    input_param: str = "messages"  # the body field that holds the prompt
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +61,7 @@ class RequestFeatures:
             "pii": sorted(self.pii), "ttft_budget_ms": self.ttft_budget_ms,
             "total_budget_ms": self.total_budget_ms,
             "tenant_budget_left_micro_usd": self.tenant_budget_left_micro_usd,
+            "needs": names_of(self.needs) + (["n"] if self.choices > 1 else []),
         }
 
 
@@ -85,16 +92,19 @@ def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: 
                    tenant: str, *, tokens: TokenCounter, pii: PiiScanner | None = None,
                    stats: StatsSnapshot | None = None,
                    tenant_budget_left_micro_usd: int | None = None,
-                   input_tokens: int | None = None) -> RequestFeatures:
+                   input_tokens: int | None = None,
+                   key_hash: str | None = None) -> RequestFeatures:
     """Features of a parsed OpenAI request body. `headers` must look names up
     case-insensitively (aiohttp's `CIMultiDict` does). `input_tokens`: a count already
-    made for this body (the rate limiter's), so it is not made twice."""
+    made for this body (the rate limiter's), so it is not made twice. `key_hash`: the
+    caller's key, whose own access may differ from its tenant's."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise FeatureError("`model` is required", param="model")
     route_name = policy.resolve_model(model, tenant)
-    if route_name is None:
-        raise FeatureError(f"the model {model!r} does not exist", param="model")
+    if route_name is None or not policy.access_of(tenant, key_hash).allows(model):
+        raise FeatureError(f"the model {model!r} does not exist", param="model",
+                           not_found=True)
     route = route_for(policy, route_name)
 
     output_tokens, source = _output_tokens(body, route_name, route, stats)
@@ -116,6 +126,10 @@ def build_features(body: Mapping[str, Any], headers: Mapping[str, str], policy: 
         total_budget_ms=tightened(route.latency_budget.total_ms,
                                   headers.get(TOTAL_BUDGET_HEADER), TOTAL_BUDGET_HEADER),
         tenant_budget_left_micro_usd=tenant_budget_left_micro_usd,
+        needs=needs_of(body),
+        choices=choices_of(body),
+        input_param="messages" if "messages" in body else
+        "prompt" if "prompt" in body else "input",
     )
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from policies.capabilities import ModelCapabilities, resolve
 from policies.load import ModelTarget
+from routing.capabilities import ALL, mask_of
 from routing.stats import LOAD_FRESH_S, TargetSnapshot
 
 KV_CACHE_FULL = 0.95  # above this use a new request cannot start until one finishes
@@ -38,14 +40,22 @@ class TargetModel:
     prior_decode_tokens_per_s: float
     context_tokens: int | None
     context_limit: float  # context_tokens, or infinity when not declared
+    lacks: int  # capability bits (routing.capabilities) it does not have
+    max_choices: float  # `n`, or infinity
+    max_output_limit: float  # max_output_tokens, or infinity
     # Cost constants (see cost.py): micro-dollars per token, per GPU-millisecond.
     input_micro_usd_per_token: float
     output_micro_usd_per_token: float
     gpu_micro_usd_per_ms: float
 
     @classmethod
-    def of(cls, target: ModelTarget) -> TargetModel:
+    def of(cls, target: ModelTarget, capabilities: ModelCapabilities | None = None,
+           lacks: int = 0) -> TargetModel:
+        """`capabilities`: as resolved with what the backend reported (default: as the
+        policy declares them); `lacks`: bits learned missing on top."""
         priors = target.spec.priors
+        can = capabilities or resolve(target.backend, target.spec)
+        inf = float("inf")
         return cls(
             key=target.key, target=target,
             dedicated=target.backend.deployment == "dedicated",
@@ -55,8 +65,11 @@ class TargetModel:
             prior_overhead_ms=priors.ttft_ms or 0.0,
             prefill_ms_per_token=1000.0 / priors.prefill_tokens_per_s,
             prior_decode_tokens_per_s=priors.decode_tokens_per_s,
-            context_tokens=target.spec.context_tokens,
-            context_limit=target.spec.context_tokens or float("inf"),
+            context_tokens=can.context_tokens,
+            context_limit=can.context_tokens or inf,
+            lacks=(ALL & ~mask_of(can)) | lacks,
+            max_choices=inf if can.n is None else can.n,
+            max_output_limit=can.max_output_tokens or inf,
             input_micro_usd_per_token=target.spec.input_usd_per_mtok,
             output_micro_usd_per_token=target.spec.output_usd_per_mtok,
             # USD/hour × 1e6 µUSD/USD ÷ 3.6e6 ms/hour

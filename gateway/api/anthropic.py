@@ -107,7 +107,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     not the model's tokenizer: close for English text, not exact."""
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
-    pipeline.auth.authenticate(request, policy)
+    identity = pipeline.auth.authenticate(request, policy)
     raw = await read_limited(request, policy.file.server.max_body_bytes)
     try:
         body = orjson.loads(raw)
@@ -117,7 +117,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         raise BadRequest("The request body must be a JSON object.")
     chat = chat_request(body, counting=True)
     model = model_name(chat)
-    if policy.resolve_model(model) is None:
+    if policy.usable(model, identity.tenant, identity.key_hash) is None:
         raise ModelNotFound(f"model: {model}", param="model")
     return _json({"input_tokens": request.app[ROUTING].tokens.count_request(chat)})
 

@@ -34,14 +34,16 @@ def proxy(pipeline: Pipeline,
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """Routes first (what callers should normally use), then each backend model."""
+    """What the caller may use: routes first (what callers should normally use), then
+    the backend models it may name directly."""
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
-    pipeline.auth.authenticate(request, policy)
+    identity = pipeline.auth.authenticate(request, policy)
+    access = policy.access_of(identity.tenant, identity.key_hash)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "routegate"}
-            for name in policy.routes]
+            for name in policy.routes if name in access.routes]
     data.extend({"id": key, "object": "model", "created": 0, "owned_by": target.backend_name}
-                for key, target in policy.targets.items())
+                for key, target in policy.targets.items() if key in access.targets)
     return _json({"object": "list", "data": data})
 
 

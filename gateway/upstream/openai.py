@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -36,12 +37,47 @@ class UpstreamFailure(Exception):
     client would be told if no other candidate succeeds."""
 
     def __init__(self, error: UpstreamError | UpstreamTimeout, *, status: int | None = None,
-                 body: bytes = b"", headers: Mapping[str, str] | None = None) -> None:
+                 body: bytes = b"", headers: Mapping[str, str] | None = None,
+                 cannot: Incapable | None = None) -> None:
         super().__init__(error.message)
         self.error = error
         self.status = status  # the backend's HTTP status, when it answered
         self.body = body
         self.headers = dict(headers or {})
+        self.cannot = cannot  # the backend answered it cannot do what was asked
+
+
+@dataclass(frozen=True, slots=True)
+class Incapable:
+    """A backend's 4xx that means "this model cannot do that", not "the request is
+    wrong": another candidate may serve it, and routing remembers it for the target."""
+
+    code: str  # context_length_exceeded | unsupported_parameter | unsupported_value
+    param: str | None  # the field it named (`tools`, `response_format`, `messages`)
+    message: str  # the backend's own words, for the client if no candidate can
+
+    @property
+    def context_exceeded(self) -> bool:
+        return self.code == CONTEXT_LENGTH_EXCEEDED
+
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+_CANNOT_CODES = frozenset({CONTEXT_LENGTH_EXCEEDED, "unsupported_parameter",
+                           "unsupported_value"})
+
+
+def incapable(status: int, error: object) -> Incapable | None:
+    """What a backend's 4xx OpenAI error object says it cannot do, if that is what it
+    says. vLLM and older servers give no code for an overflowing prompt, only the words."""
+    if status not in (400, 422) or not isinstance(error, dict):
+        return None
+    code, param, message = error.get("code"), error.get("param"), error.get("message")
+    message = message if isinstance(message, str) else ""
+    if code not in _CANNOT_CODES:
+        if "maximum context length" not in message.lower():
+            return None
+        code = CONTEXT_LENGTH_EXCEEDED
+    return Incapable(str(code), param if isinstance(param, str) else None, message[:300])
 
 
 _GATEWAY_CREDENTIALS_REFUSED = (401, 403)

@@ -25,10 +25,21 @@ async def test_chat_completion_is_relayed_with_the_backend_model_name(
     assert openai_upstream.received[-1].json["messages"] == MESSAGES
 
 
-async def test_a_target_can_be_named_directly(gateway: RunningGateway,
-                                              openai_upstream: FakeOpenAI) -> None:
+async def test_a_target_can_be_named_directly_when_allowed(
+        start_gateway: StartGateway, openai_upstream: FakeOpenAI) -> None:
+    gateway = await start_gateway(single_backend_policy(
+        openai_upstream.url, defaults={"allow_targets": ["up/*"]}))
     await gateway.openai().chat.completions.create(model="up/gpt-4o-mini", messages=MESSAGES)
     assert openai_upstream.received[-1].json["model"] == "gpt-4o-mini"
+
+
+async def test_a_target_not_allowed_by_name_does_not_exist_for_the_caller(
+        gateway: RunningGateway, openai_upstream: FakeOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await gateway.openai().chat.completions.create(model="up/gpt-4o-mini",
+                                                       messages=MESSAGES)
+    assert caught.value.code == "model_not_found"
+    assert openai_upstream.received == []
 
 
 async def test_stream_with_include_usage_reports_usage_in_the_last_chunk(
@@ -74,7 +85,10 @@ async def test_embeddings_round_trip_through_base64(gateway: RunningGateway,
     assert openai_upstream.received[-1].path == "/v1/embeddings"
 
 
-async def test_models_lists_routes_then_backend_models(gateway: RunningGateway) -> None:
+async def test_models_lists_routes_then_backend_models(
+        start_gateway: StartGateway, openai_upstream: FakeOpenAI) -> None:
+    gateway = await start_gateway(single_backend_policy(
+        openai_upstream.url, defaults={"allow_targets": ["*"]}))
     models = await gateway.openai().models.list()
     ids = [model.id for model in models.data]
     assert ids == ["chat", "up/gpt-4o-mini"]

@@ -56,7 +56,7 @@ compliance:
 tenants:
   acme: {tags: [eu]}
   bank: {}
-  globex: {priority: low}
+  globex: {priority: low, allow_targets: [openai/*]}
 """
 
 

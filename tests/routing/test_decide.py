@@ -130,7 +130,10 @@ def test_when_nothing_fits_on_budget_miss_reject_is_a_503_naming_why() -> None:
 def test_when_policy_forbids_every_target_it_is_a_403() -> None:
     decision = ROUTER.decide(replace(REQUEST, tenant="acme", tenant_tags=frozenset({"eu"}),
                                      pii=frozenset({"email"}), input_tokens=9000), EMPTY, 0.0)
-    assert decision.rejection is not None and decision.rejection.status == 503
+    # the one target the policy allows cannot hold the prompt: the request's to change
+    assert decision.rejection is not None
+    assert (decision.rejection.status, decision.rejection.code) == \
+        (400, "context_length_exceeded")
     decision = ROUTER.decide(replace(REQUEST, route="openai/gpt-4o-mini", tenant="acme",
                                      tenant_tags=frozenset({"eu"})), EMPTY, 0.0)
     assert decision.rejection is not None

@@ -66,8 +66,40 @@ def test_pii_categories_are_recorded_without_the_text() -> None:
     assert features(body, pii=PiiScanner(CATEGORIES)).pii == {"email"}
 
 
-def test_a_target_key_can_be_asked_for_directly() -> None:
-    assert features({**BODY, "model": "openai/gpt-4o-mini"}).route == "openai/gpt-4o-mini"
+def test_a_target_key_can_be_asked_for_directly_when_allow_targets_allows_it() -> None:
+    direct = {**BODY, "model": "openai/gpt-4o-mini"}
+    assert features(direct, tenant="globex").route == "openai/gpt-4o-mini"
+
+
+def test_a_target_key_not_in_allow_targets_does_not_exist_for_the_caller() -> None:
+    with pytest.raises(FeatureError) as caught:
+        features({**BODY, "model": "openai/gpt-4o-mini"}, tenant="acme")
+    assert caught.value.not_found and caught.value.param == "model"
+    with pytest.raises(FeatureError):
+        features({**BODY, "model": "local/llama"}, tenant="globex")  # not under openai/*
+
+
+@pytest.mark.parametrize(("extra", "needs"), [
+    ({}, []),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, ["tools"]),
+    ({"tool_choice": "required"}, ["tools"]),
+    ({"tool_choice": "none"}, []),
+    ({"response_format": {"type": "json_object"}}, ["json_mode"]),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, ["json_schema"]),
+    ({"response_format": {"type": "text"}}, []),
+    ({"logprobs": True, "top_logprobs": 2}, ["logprobs"]),
+    ({"logprobs": False}, []),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]},
+     ["vision"]),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}, ["audio"]),
+    ({"n": 3}, ["n"]),
+])
+def test_the_capabilities_a_request_needs_are_read_from_its_body(
+        extra: dict[str, Any], needs: list[str]) -> None:
+    assert features({**BODY, **extra}).to_dict()["needs"] == needs
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -28,7 +28,8 @@ def two_backends(url_a: str, url_b: str, *, price_a: float, price_b: float) -> d
         },
         "routes": {"chat": {"targets": ["a/m", "b/m"], "objective": "cheapest"}},
         "auth": {"anonymous": {"enabled": True}, "admin_keys": [hash_key(ADMIN_KEY)]},
-        "defaults": {"limits": {"requests_per_minute": 100_000, "tokens_per_minute": 10**8}},
+        "defaults": {"limits": {"requests_per_minute": 100_000, "tokens_per_minute": 10**8},
+                     "allow_targets": ["*"]},
     }
 
 
