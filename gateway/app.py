@@ -15,6 +15,10 @@ from aiohttp import web
 from gateway.api.anthropic import add_routes as add_anthropic_routes
 from gateway.api.openai import PIPELINE, add_routes
 from gateway.drain import DRAIN, Drain
+from gateway.api.responses import RESPONSES_STATE
+from gateway.api.responses import add_routes as add_responses_routes
+from gateway.api.responses_state import StoredResponses
+from gateway.blob_store import open_blobs
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.limits.http import install as install_limits
@@ -68,6 +72,11 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[PIPELINE] = Pipeline(live, pool, hooks)
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
+    # POST /v1/responses, GET/DELETE /v1/responses/{id}; its store is chosen once
+    state = policy.file.responses
+    add_responses_routes(app, StoredResponses(open_blobs(state.store, state.max_memory_bytes),
+                                              state.ttl_s))
+    live.pin("responses.store", lambda policy: policy.file.responses.store)
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
@@ -76,6 +85,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)
+    app.cleanup_ctx.append(_responses_state)
     app.cleanup_ctx.append(_supervised_backends)
     return app
 
@@ -86,6 +96,11 @@ async def _upstreams(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(warm_tls, app[LIVE_POLICY].current)
     yield
     await app[UPSTREAMS].close()
+
+
+async def _responses_state(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[RESPONSES_STATE].blobs.aclose()
 
 
 def _warm_tls_soon(policy: Policy) -> None:

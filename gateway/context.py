@@ -26,18 +26,31 @@ class Endpoint:
     name: str  # "chat.completions", "completions", "embeddings"
     path: str  # relative to the backend's base URL (which ends in /v1)
     check: Callable[[Body], None]  # raises BadRequest naming the param
-    # Another API served through this one (Anthropic Messages through chat completions):
-    # its request becomes this endpoint's body, and the stream written back is re-encoded.
+    # Another API served through this one (Anthropic Messages, the Responses API, through
+    # chat completions): its request becomes this endpoint's body, and the stream written
+    # back is re-encoded.
     dialect: Dialect | None = None
 
 
 class Dialect(Protocol):
-    def request(self, body: Body) -> Body:
-        """The client's body → this endpoint's body; raises BadRequest."""
+    async def request(self, ctx: RequestContext, body: Body) -> Body:
+        """The client's body → this endpoint's body (`ctx.identity` is known); raises
+        BadRequest."""
+        ...
+
+    def native(self, target: ModelTarget) -> tuple[str, bytes] | None:
+        """(path, body) for a backend that speaks the client's API itself, where the
+        request goes as the client wrote it; None: the translated body, through the
+        adapter. Raises BadRequest when the request cannot be translated for `target`."""
         ...
 
     def stream_encoder(self) -> Callable[[bytes], bytes]:
         """A fresh per-response encoder of the SSE bytes the pipeline writes."""
+        ...
+
+    async def stream_finished(self) -> None:
+        """The stream's last bytes are encoded and about to leave: state the client may
+        ask for as soon as it has them (a stored response) is saved now."""
         ...
 
 

@@ -75,7 +75,7 @@ class Pipeline:
             tenant = ctx.identity.tenant if ctx.identity else None
             tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None)
             await self.read_body(ctx)
-            self.parse(ctx)
+            await self.parse(ctx)
             tel.requested(ctx.body)
             tel.identify(requested_model=ctx.model, stream=ctx.stream,
                          operation=ctx.endpoint.name, max_tokens=ctx.body.get("max_tokens"),
@@ -124,7 +124,7 @@ class Pipeline:
     async def read_body(self, ctx: RequestContext) -> None:
         ctx.raw = await read_limited(ctx.request, ctx.policy.file.server.max_body_bytes)
 
-    def parse(self, ctx: RequestContext) -> None:
+    async def parse(self, ctx: RequestContext) -> None:
         if not ctx.raw.strip():
             raise BadRequest("The request body is empty; send a JSON object.")
         try:
@@ -136,7 +136,7 @@ class Pipeline:
             raise BadRequest("The request body must be a JSON object.", code="invalid_json")
         dialect = ctx.endpoint.dialect
         if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
-            body = dialect.request(body)
+            body = await dialect.request(ctx, body)
             ctx.raw = orjson.dumps(body)
         ctx.body = body
         ctx.model = model_name(body)
@@ -187,6 +187,7 @@ class Pipeline:
         inexpressible: list[BadRequest] = []
         deadline, late = ctx.deadline, []  # fallbacks predicted not to fit what is left
         tried = 0
+        dialect = ctx.endpoint.dialect
         for index, target in enumerate(ctx.candidates):
             if tried >= self.hooks.max_attempts:
                 break
@@ -202,10 +203,15 @@ class Pipeline:
                 reason = self.pool.unavailable_reason(target.backend_name)
                 unavailable.append(f"{target.key}: {reason}")
                 continue
+            path = ctx.endpoint.path
             try:
-                body = upstream.prepare(
-                    ctx.endpoint.path, ctx.raw, ctx.body, model=target.upstream_name,
-                    stream_usage=ctx.stream and not ctx.client_wants_usage)
+                native = dialect.native(target) if dialect is not None else None
+                if native is not None:  # the backend speaks the client's API: as written
+                    path, body = native
+                else:
+                    body = upstream.prepare(
+                        path, ctx.raw, ctx.body, model=target.upstream_name,
+                        stream_usage=ctx.stream and not ctx.client_wants_usage)
             except BadRequest as refused:  # its API cannot express the request
                 inexpressible.append(refused)
                 unavailable.append(f"{target.key}: {refused.message}")
@@ -237,8 +243,8 @@ class Pipeline:
                         ctx.upstream_headers[DEADLINE_HEADER] = left
                         traced.deadline(int(left))
                 try:
-                    response = await upstream.open(ctx.endpoint.path, body,
-                                                   ctx.upstream_headers, timeouts)
+                    response = await upstream.open(path, body, ctx.upstream_headers,
+                                                   timeouts)
                     traced.responded(response.headers, response.status)
                     attempt.status = response.status
                     if ctx.stream and response.content_type == "text/event-stream":

@@ -167,7 +167,9 @@ def _writers(client: web.StreamResponse, dialect: Dialect | None,
         await client.write(encode(data))
 
     async def write_last(data: bytes) -> None:
-        await client.write_eof(encode(data))
+        encoded = encode(data)
+        await dialect.stream_finished()
+        await client.write_eof(encoded)
 
     return write, write_last
 

@@ -134,6 +134,9 @@ class Backend(FileModel):
     timeouts: Timeouts = Timeouts()
     launch: LaunchSpec | None = None
     enabled: bool = True
+    # how `POST /v1/responses` reaches it: translated to chat completions, or sent to its
+    # own `/responses` as the client wrote it (OpenAI)
+    responses: Literal["translate", "native"] = "translate"
     models: dict[str, ModelSpec] = Field(min_length=1)
 
     @field_validator("url")
@@ -164,6 +167,8 @@ class Backend(FileModel):
     def _url_or_launch(self) -> Backend:
         if self.url is None and self.launch is None:
             raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
+        if self.responses == "native" and self.type != "openai":
+            raise ValueError("`responses: native` needs a backend of type openai")
         if self.ca_file is not None:
             if not (self.url or "").startswith("https://"):
                 raise ValueError("`ca_file` needs an https:// `url`")
@@ -187,6 +192,19 @@ class Route(FileModel):
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
     expected_output_tokens: PositiveInt = 256  # until a running mean exists
     limits: Limits | None = None  # per tenant on this route, inside the tenant's limits
+    cache: RouteCache | None = None  # None: answers on this route are never cached
+
+
+class RouteCache(FileModel):
+    """Whole answers kept and served again for identical requests."""
+
+    ttl_s: PositiveFloat = 300.0
+    max_entry_bytes: PositiveInt = 256 * 1024  # a larger answer is not kept
+    scope: Literal["tenant", "global"] = "tenant"  # global: one tenant reads another's
+    nondeterministic: bool = False  # also keep answers sampled with temperature > 0
+    # keep answers although `compliance.record_content` is off (the gateway then holds
+    # prompts and completions, hashed and whole, for `ttl_s`)
+    store_content: bool = False
 
 
 PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
@@ -307,6 +325,24 @@ class LimitStore(FileModel):
         return store
 
 
+class SharedState(FileModel):
+    """State every replica and worker should see: `memory` (this process only) or Redis."""
+
+    store: str = Field("memory", json_schema_extra={"pattern": r"^(memory$|rediss?://|unix://)"})
+    max_memory_bytes: PositiveInt = 64 * 1024 * 1024  # the `memory` store's bound
+
+    @field_validator("store")
+    @classmethod
+    def _store_known(cls, store: str) -> str:
+        return LimitStore._store_known(store)
+
+
+class ResponsesState(SharedState):
+    """Responses kept for `GET /v1/responses/{id}` and `previous_response_id`."""
+
+    ttl_s: PositiveFloat = 86_400.0
+
+
 class Defaults(FileModel):
     limits: Limits = Limits(requests_per_minute=60, tokens_per_minute=50_000)
     priority: Priority = "normal"
@@ -326,3 +362,5 @@ class PolicyFile(FileModel):
     auth: Auth = Auth()
     server: ServerSettings = ServerSettings()
     limits: LimitStore = LimitStore()
+    responses: ResponsesState = ResponsesState()
+    response_cache: SharedState = SharedState()  # where routes' `cache:` answers are kept

@@ -27,11 +27,12 @@ from gateway.api.anthropic_translate import (
 )
 from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
-from gateway.context import Endpoint
+from gateway.context import Endpoint, RequestContext
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
 from gateway.pipeline import read_limited
 from gateway.routing_hook import ROUTING
 from gateway.whole_response import WholeResponse
+from policies.load import ModelTarget
 
 log = logging.getLogger("routegate.api.anthropic")
 
@@ -41,11 +42,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class MessagesDialect:
     """The Messages API as spoken through the chat-completions pipeline."""
 
-    def request(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
         return chat_request(body)
+
+    def native(self, target: ModelTarget) -> None:
+        return None  # an Anthropic backend is reached through its adapter
 
     def stream_encoder(self) -> Callable[[bytes], bytes]:
         return EventEncoder().feed
+
+    async def stream_finished(self) -> None:
+        return None
 
 
 MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect())

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 # The gateway's endpoint names → GenAI `gen_ai.operation.name` values.
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion",
-              "embeddings": "embeddings", "messages": "chat"}
+              "embeddings": "embeddings", "messages": "chat", "responses": "chat"}
 
 
 class RequestTelemetry:
@@ -320,8 +320,9 @@ class RequestTelemetry:
               target: Any = None, error_code: str | None = None) -> TimingSplit:
         """`finish()` from the pipeline's values: final usage, priced at `target`."""
         if usage:
-            self.usage(input_tokens=usage.get("prompt_tokens"),
-                       output_tokens=usage.get("completion_tokens"))
+            self.usage(input_tokens=usage.get("prompt_tokens", usage.get("input_tokens")),
+                       output_tokens=usage.get("completion_tokens",
+                                               usage.get("output_tokens")))
         if target is not None and self.cost_usd is None:
             self.price(target)
         # No status means an unexpected exception: the middleware answers 500.

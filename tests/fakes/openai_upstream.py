@@ -41,6 +41,9 @@ class Behaviour:
     reply: str = "Hello from the fake upstream, nice to meet you."
     embedding_dim: int = 8
     processing_ms: int | None = None  # sent as `openai-processing-ms`
+    # (name, JSON arguments): a chat request offering tools, whose last message is not a
+    # tool result, is answered with this call instead of text
+    tool_call: tuple[str, str] | None = None
 
 
 @dataclass
@@ -116,9 +119,10 @@ class FakeOpenAI:
             failure = self._failure()
             if failure is not None:
                 return failure
+            call = _calls_tool(body, self.behaviour.tool_call)
             if body.get("stream"):
-                return await self._stream(request, body, kind)
-            return self._json(_completion(body, self.behaviour.reply, kind))
+                return await self._stream(request, body, kind, call)
+            return self._json(_completion(body, self.behaviour.reply, kind, call))
         except asyncio.CancelledError:
             self.cancelled.append(time.perf_counter())
             self.cancelled_event.set()
@@ -137,8 +141,8 @@ class FakeOpenAI:
         return web.Response(body=orjson.dumps(body), content_type="application/json",
                             headers=headers)
 
-    async def _stream(self, request: web.Request, body: dict[str, Any],
-                      kind: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, body: dict[str, Any], kind: str,
+                      call: tuple[str, str] | None = None) -> web.StreamResponse:
         b = self.behaviour
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -147,7 +151,7 @@ class FakeOpenAI:
             assert request.transport is not None
             request.transport.close()
             return response
-        events = _stream_events(body, b.reply, kind, include_usage)
+        events = _stream_events(body, b.reply, kind, include_usage, call)
         for index, (event, is_content) in enumerate(events):
             if index and b.chunk_delay_s:
                 await asyncio.sleep(b.chunk_delay_s)
@@ -213,9 +217,24 @@ def _usage(body: dict[str, Any], reply: str) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def _completion(body: dict[str, Any], reply: str, kind: str) -> dict[str, Any]:
+def _calls_tool(body: dict[str, Any],
+                tool_call: tuple[str, str] | None) -> tuple[str, str] | None:
+    messages = body.get("messages") or [{}]
+    if tool_call is None or not body.get("tools") or messages[-1].get("role") == "tool":
+        return None
+    return tool_call
+
+
+def _completion(body: dict[str, Any], reply: str, kind: str,
+                call: tuple[str, str] | None = None) -> dict[str, Any]:
     common = {"created": int(time.time()), "model": body["model"],
               "system_fingerprint": "fp_fake", "usage": _usage(body, reply)}
+    if call is not None:
+        return {"id": "chatcmpl-fake", "object": "chat.completion", **common, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_fake", "type": "function",
+                 "function": {"name": call[0], "arguments": call[1]}}]},
+             "logprobs": None, "finish_reason": "tool_calls"}]}
     if kind == "chat":
         return {"id": "chatcmpl-fake", "object": "chat.completion", **common, "choices": [
             {"index": 0, "message": {"role": "assistant", "content": reply, "refusal": None},
@@ -224,8 +243,8 @@ def _completion(body: dict[str, Any], reply: str, kind: str) -> dict[str, Any]:
         {"index": 0, "text": reply, "logprobs": None, "finish_reason": "stop"}]}
 
 
-def _stream_events(body: dict[str, Any], reply: str, kind: str,
-                   include_usage: bool) -> list[tuple[dict[str, Any], bool]]:
+def _stream_events(body: dict[str, Any], reply: str, kind: str, include_usage: bool,
+                   call: tuple[str, str] | None = None) -> list[tuple[dict[str, Any], bool]]:
     """(event, is_content) pairs in OpenAI's order: role, content..., finish, usage."""
     words = reply.split(" ")
     pieces = [word if i == 0 else " " + word for i, word in enumerate(words)]
@@ -249,8 +268,17 @@ def _stream_events(body: dict[str, Any], reply: str, kind: str,
     if chat:
         events.append((choice({"role": "assistant", "content": "", "refusal": None}, None),
                        False))
-    events.extend((choice({"content": p} if chat else p, None), True) for p in pieces)
-    events.append((choice({} if chat else "", "stop"), False))
+    if call is not None:  # the call's name first, then its arguments in two pieces
+        half = len(call[1]) // 2
+        events.append((choice({"tool_calls": [{"index": 0, "id": "call_fake", "type": "function",
+                                               "function": {"name": call[0],
+                                                            "arguments": ""}}]}, None), False))
+        events.extend((choice({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]},
+                              None), False) for piece in (call[1][:half], call[1][half:]))
+        events.append((choice({}, "tool_calls"), False))
+    else:
+        events.extend((choice({"content": p} if chat else p, None), True) for p in pieces)
+        events.append((choice({} if chat else "", "stop"), False))
     if include_usage:
         events.append(({**base, "choices": [], "usage": _usage(body, reply)}, False))
     return events
