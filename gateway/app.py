@@ -14,11 +14,11 @@ from aiohttp import web
 
 from gateway.api.anthropic import add_routes as add_anthropic_routes
 from gateway.api.openai import PIPELINE, add_routes
-from gateway.drain import DRAIN, Drain
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
 from gateway.blob_store import open_blobs
+from gateway.drain import DRAIN, Drain
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.limits.http import install as install_limits
