@@ -21,6 +21,7 @@ from gateway.blob_store import open_blobs
 from gateway.drain import DRAIN, Drain
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
+from gateway.launch_board import board_context
 from gateway.limits.http import install as install_limits
 from gateway.live_policy import LivePolicy
 from gateway.pipeline import Pipeline
@@ -82,11 +83,15 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     install_routing(app, hooks, live=live, pool=pool)
-    install_queues(app, live, hooks)  # per-backend slots: priority, deadlines, shedding
+    # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
+    install_queues(app, live, hooks, share=settings.workers)
     install_policy_admin(app, live, hooks, settings)
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
-    app.cleanup_ctx.append(_supervised_backends)
+    if settings.launch_board is not None:  # a worker: the supervisor launched them
+        app.cleanup_ctx.append(board_context(settings.launch_board, pool))
+    else:
+        app.cleanup_ctx.append(_supervised_backends)
     return app
 
 

@@ -19,6 +19,7 @@ from gateway.runner import GatewayRunner
 from gateway.settings import Settings, default_policy_path
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
+from gateway.workers import supervise, worker_count
 from policies.load import PolicyError, load
 
 log = logging.getLogger("routegate.serve")
@@ -34,6 +35,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--shadow-policy", type=Path, default=None, metavar="FILE",
                         help="decide every request under this candidate policy too, without "
                              "affecting it; differences at /admin/policy/shadow")
+    parser.add_argument("--workers", type=worker_count, default=1, metavar="N|auto",
+                        help="gateway processes sharing the port under one supervisor "
+                             "(default 1; auto: one per CPU)")
+    # set by the supervisor of `--workers N` for each worker it starts
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--launch-board", type=Path, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 
@@ -55,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
             log.error("shadow policy: %s", exc)
             return 2
     settings = Settings(host=args.host, port=args.port, policy_path=path,
-                        shadow_policy_path=args.shadow_policy)
+                        shadow_policy_path=args.shadow_policy, workers=args.worker_count,
+                        reuse_port=args.worker_index is not None,
+                        launch_board=args.launch_board)
+    if args.workers > 1 and args.worker_index is None:
+        worker_args = ["--policy", str(path), "--host", args.host, "--port", str(args.port)]
+        if args.shadow_policy is not None:
+            worker_args += ["--shadow-policy", str(args.shadow_policy)]
+        return supervise(policy, settings, workers=args.workers, serve_args=worker_args)
     try:  # OTEL_* (trace export; none configured = none)
         # one bare JSON line per request on stdout, buffered (flushed about once a second)
         # its own 64 KiB buffer on stdout's descriptor: `sys.stdout.buffer` writes every
@@ -115,7 +130,8 @@ async def serve(app: web.Application, settings: Settings) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024,
+                           reuse_port=settings.reuse_port or None)
         try:
             await site.start()
         except OSError as exc:

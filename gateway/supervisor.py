@@ -17,11 +17,11 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 
 from gateway.settings import Settings
-from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 from policies.schema import LaunchSpec
 
@@ -43,6 +43,15 @@ class Child:
     last_error: str | None = None
 
 
+class LaunchedBackends(Protocol):
+    """Who is told where each child serves: the upstream pool, or (`serve --workers`)
+    the board the workers read (`gateway/launch_board.py`)."""
+
+    def set_launched(self, name: str, url: str) -> None: ...
+
+    def set_down(self, name: str, reason: str) -> None: ...
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -50,7 +59,7 @@ def free_port() -> int:
 
 
 class Supervisor:
-    def __init__(self, policy: Policy, pool: UpstreamPool, settings: Settings) -> None:
+    def __init__(self, policy: Policy, pool: LaunchedBackends, settings: Settings) -> None:
         self.policy = policy
         self.pool = pool
         self.settings = settings

@@ -22,9 +22,10 @@ _LIVE = web.AppKey("routegate.queueing.live", LivePolicy)
 
 
 def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
-            queues: BackendQueues | None = None) -> BackendQueues:
-    """Limits come from the policy (`backends.<name>.max_concurrency`) and follow reloads."""
-    queues = queues or BackendQueues()
+            queues: BackendQueues | None = None, share: int = 1) -> BackendQueues:
+    """Limits come from the policy (`backends.<name>.max_concurrency`) and follow reloads;
+    `share`: how many gateway processes on this machine divide each limit."""
+    queues = queues or BackendQueues(share=share)
     queues.apply_policy(live.current)
     live.on_swap(queues.apply_policy)
     hooks.queue = QueueSlotHook(queues)

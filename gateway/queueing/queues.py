@@ -40,8 +40,11 @@ class QueueSnapshot:
 class BackendQueues:
     def __init__(self, *, clock: Clock | None = None, shed: ShedPolicy | None = None,
                  tenant_weights: Mapping[str, float] | None = None,
-                 default_service_s: float = DEFAULT_SERVICE_S) -> None:
+                 default_service_s: float = DEFAULT_SERVICE_S, share: int = 1) -> None:
         self.clock: Clock = clock or MonotonicClock()
+        # `serve --workers N`: each worker holds 1/N of every limit (at least 1), so
+        # together they never exceed it without a round trip per request to share slots
+        self._share = share
         self._shed = shed or ShedPolicy()
         self._weights = dict(tenant_weights or {})
         self._default_service_s = default_service_s
@@ -82,6 +85,8 @@ class BackendQueues:
     def set_limit(self, key: str, limit: int | None, *,
                   service_prior_s: float | None = None) -> None:
         """Set a queue's concurrency limit: from the policy, or what the backend reports."""
+        if limit is not None and self._share > 1:
+            limit = max(1, limit // self._share)
         queue = self._queues.get(key)
         if queue is None:
             self._queues[key] = SlotQueue(
