@@ -18,6 +18,7 @@ from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
 from gateway.blob_store import open_blobs
+from gateway.cache import install as install_cache
 from gateway.drain import DRAIN, Drain
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
@@ -83,6 +84,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     install_routing(app, hooks, live=live, pool=pool)
+    install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)
     install_policy_admin(app, live, hooks, settings)

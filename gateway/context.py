@@ -88,6 +88,12 @@ class RequestContext:
     status: int | None = None  # status sent to the client (499: the client went away)
     error: GatewayError | None = None  # what the client was told, if it failed
     bytes_sent: bool = False  # once True a failure can only end the stream
+    cost_micros: int | None = None  # what settlement charged, in µUSD
+    # the response cache: its plan for this request (None: the route has no cache), its
+    # answer (hit | miss | bypass), and a streamed answer's events as relayed, to keep
+    cache_plan: Any = None
+    cache: str | None = None
+    cache_capture: list[bytes] | None = None
     state: dict[str, Any] = field(default_factory=dict)  # scratch space for plug-ins
     # Headers plug-ins give every response of this request from the moment they are set
     # (rate-limit state, the routing decision): on the relayed response, and on an error

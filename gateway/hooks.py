@@ -6,6 +6,7 @@
   hooks.admission  rate-limit admission before routing, settlement after the response
   hooks.router     ordered candidates for a request (primary first, then fallbacks)
   hooks.queue      a per-backend slot held for the whole upstream call of one attempt
+  hooks.cache      a kept answer instead of a backend call; keeping answers after settling
   hooks.observers  told when a request starts, after each attempt, at the end
   hooks.telemetry  spans, metrics, access log, dashboard data (gateway/telemetry)
 """
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from aiohttp import web
 
 from gateway.context import Attempt, RequestContext
 from gateway.errors import ModelNotFound
@@ -54,6 +57,22 @@ class Observer(Protocol):
         """After the last byte (or the error) went to the client; ctx.status is final."""
 
 
+class Cache(Protocol):
+    async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
+        """A kept answer, sent (routing has run; no backend is called), or None."""
+
+    async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
+        """After settlement: keep what was answered, if it may be."""
+
+
+class NoCache:
+    async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
+        return None
+
+    async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
+        return None
+
+
 class NoAdmission:
     async def admit(self, ctx: RequestContext) -> None:
         return None
@@ -86,6 +105,7 @@ class Hooks:
     admission: Admission = field(default_factory=NoAdmission)
     router: Router = route_targets_in_order
     queue: QueueSlots = field(default_factory=NoQueue)
+    cache: Cache = field(default_factory=NoCache)
     observers: list[Observer] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     max_attempts: int = 3  # candidates tried per request, the primary included

@@ -8,11 +8,13 @@
                     here, and its stream is re-encoded as it is written back)
     admit           hooks.admission.admit       ← rate limits   (gateway/limits)
     route           hooks.router                ← routing.decide (ordered candidates)
+    cache           hooks.cache.serve           ← a kept answer, and no backend call
     forward         per candidate: hooks.queue.slot ← queueing; upstream call; relay
                     fallback to the next candidate on connect errors, timeouts, 429 and
                     5xx, while no byte has reached the client (hooks.max_attempts), and
                     past a backend whose API cannot express the request (a 400 if none can)
     settle          hooks.admission.settle      (always, once admitted; ctx.usage)
+    keep            hooks.cache.keep            (an answer the route's cache may keep)
     finish          hooks.observers             ← telemetry (spans, metrics, access log)
 
 Observers are told `request_started`, `attempt_finished` after each try and
@@ -86,11 +88,13 @@ class Pipeline:
                 with tel.step("routegate.route") as span:
                     self.route(ctx)
                     tel.decided(span, ctx.model, ctx.candidates, ctx.decision)
-                response = await self.forward(ctx)
+                cached = await self.hooks.cache.serve(ctx)
+                response = cached if cached is not None else await self.forward(ctx)
             finally:
                 await self.hooks.admission.settle(ctx)
             if ctx.status is None:
                 ctx.status = response.status
+            await self.hooks.cache.keep(ctx, response)
             return response
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status

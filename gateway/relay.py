@@ -30,7 +30,7 @@ from gateway.whole_response import WholeResponse
 # parsed: only its `usage` object is picked out of the bytes (`usage_of`).
 MAX_PARSED_REPLY_BYTES = 1 << 20
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
-_STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                    "X-Accel-Buffering": "no"}
 
 
@@ -99,10 +99,10 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{name}' closed the stream without sending an event."))
         client = web.StreamResponse(status=200, headers={
-            **_STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
+            **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
             "Server-Timing": ctx.timing.header()})
         await client.prepare(ctx.request)
-        write, write_last = _writers(client, ctx.endpoint.dialect)
+        write, write_last = stream_writers(client, ctx.endpoint.dialect, ctx.cache_capture)
         ctx.bytes_sent = True
         ctx.status = 200
         try:
@@ -156,17 +156,27 @@ def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:
     return UpstreamTimeout if isinstance(exc, TimeoutError) else UpstreamError
 
 
-def _writers(client: web.StreamResponse, dialect: Dialect | None,
-             ) -> tuple[Callable[[bytes], Awaitable[None]], Callable[[bytes], Awaitable[None]]]:
-    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode."""
-    if dialect is None:
+def stream_writers(client: web.StreamResponse, dialect: Dialect | None,
+                   capture: list[bytes] | None = None,
+                   ) -> tuple[Callable[[bytes], Awaitable[None]],
+                              Callable[[bytes], Awaitable[None]]]:
+    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode;
+    with `capture`, what is written (before re-encoding) is also kept there."""
+    if dialect is None and capture is None:
         return client.write, client.write_eof
-    encode = dialect.stream_encoder()
+    encode = dialect.stream_encoder() if dialect is not None else None
 
     async def write(data: bytes) -> None:
-        await client.write(encode(data))
+        if capture is not None:
+            capture.append(data)
+        await client.write(encode(data) if encode is not None else data)
 
     async def write_last(data: bytes) -> None:
+        if capture is not None:
+            capture.append(data)
+        if dialect is None or encode is None:
+            await client.write_eof(data)
+            return
         encoded = encode(data)
         await dialect.stream_finished()
         await client.write_eof(encoded)

@@ -70,6 +70,8 @@ def _reported(usage: dict[str, Any]) -> tuple[int, int]:
 
 def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     """(input, output) tokens this request really used, as well as can be known."""
+    if ctx.cache == "hit":
+        return 0, 0  # answered from the response cache: no backend used any
     if ctx.usage is not None:
         return _reported(ctx.usage)
     if not ctx.bytes_sent:
@@ -111,5 +113,6 @@ class LimitsAdmission:
         if ctx.target is not None and (input_tokens or output_tokens):
             cost = cost_micros(ctx.target.backend, ctx.target.spec, input_tokens, output_tokens,
                                amortised_price_usd_per_mtok=ctx.state.get(PRICE_STATE))
+        ctx.cost_micros = cost
         await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
                                   charge=Charge(input_tokens, output_tokens, cost))

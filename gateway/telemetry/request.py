@@ -53,6 +53,7 @@ class RequestTelemetry:
     _decided: tuple[str | None, str | None, float | None] = (None, None, None)
     _content: tuple[str | None, str | None] = (None, None)  # prompt, completion
     _stream_text: StreamText | None = None  # a stream's completion, as it is relayed
+    cache: str | None = None  # the response cache's answer: hit | miss | bypass
 
     def __init__(
         self,
@@ -342,7 +343,7 @@ class RequestTelemetry:
             self.response_model, self.response_id, self.input_tokens, self.output_tokens,
             list(self.finish_reasons) or None,
             split.ttft_ms, split.queue_ms, split.gw_ms, split.upstream_ms,
-            split.inference_ms, split.total_ms, self.cost_usd,
+            split.inference_ms, split.total_ms, self.cost_usd, self.cache,
         )
 
     def finish(self, status: int, *, error_code: str | None = None) -> TimingSplit:

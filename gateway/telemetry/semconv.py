@@ -50,3 +50,4 @@ RG_UPSTREAM_MS = "routegate.timing.upstream_ms"
 RG_INFERENCE_MS = "routegate.timing.inference_ms"  # backend-reported; absent when unknown
 RG_TOTAL_MS = "routegate.timing.total_ms"
 RG_COST_USD = "routegate.cost_usd"
+RG_CACHE = "routegate.cache"  # hit | miss | bypass, on a route with a response cache

@@ -28,7 +28,7 @@ KEYS: tuple[tuple[str, ...], ...] = (
         a.GEN_AI_RESPONSE_MODEL, a.GEN_AI_RESPONSE_ID, a.GEN_AI_USAGE_INPUT_TOKENS,
         a.GEN_AI_USAGE_OUTPUT_TOKENS, a.GEN_AI_RESPONSE_FINISH_REASONS,
         a.RG_ACTUAL_TTFT_MS, a.RG_QUEUE_WAIT_MS, a.RG_GW_MS, a.RG_UPSTREAM_MS,
-        a.RG_INFERENCE_MS, a.RG_TOTAL_MS, a.RG_COST_USD,
+        a.RG_INFERENCE_MS, a.RG_TOTAL_MS, a.RG_COST_USD, a.RG_CACHE,
     ),
     (  # DECISION: the route span (`RequestTelemetry.routed`)
         a.RG_ROUTE, a.RG_BACKEND, a.RG_DECISION_REASON, a.RG_DECISION_ID,

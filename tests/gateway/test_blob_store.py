@@ -1,0 +1,53 @@
+"""The bytes stores behind stored responses and the response cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.blob_store import BlobStoreUnavailable, MemoryBlobs, RedisBlobs
+from tests.redis_server import RedisServer
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_memory_store_stays_within_its_bytes_dropping_the_least_recently_used(
+) -> None:
+    store = MemoryBlobs(max_bytes=30)
+    await store.put("a", b"x" * 9, 60)  # 10 bytes with its key
+    await store.put("b", b"x" * 9, 60)
+    await store.put("c", b"x" * 9, 60)
+    await store.get("a")  # used: "b" is now the oldest
+
+    await store.put("d", b"x" * 9, 60)
+
+    assert store.bytes <= 30 and len(store) == 3
+    assert await store.get("b") is None and await store.get("a") is not None
+
+
+async def test_the_memory_store_forgets_an_entry_past_its_ttl_and_skips_what_never_fits(
+) -> None:
+    clock = Clock()
+    store = MemoryBlobs(max_bytes=100, clock=clock)
+    await store.put("k", b"value", ttl_s=5)
+    await store.put("huge", b"x" * 200, ttl_s=5)
+    clock.now = 5.0
+
+    assert await store.get("k") is None and await store.get("huge") is None
+    assert store.bytes == 0
+
+
+async def test_a_redis_store_that_is_down_raises_its_own_error(
+        redis_server: RedisServer) -> None:
+    store = RedisBlobs.at(redis_server.url)
+    await store.put("k", b"v", ttl_s=60)
+    assert await store.get("k") == b"v"
+    redis_server.kill()
+
+    with pytest.raises(BlobStoreUnavailable):
+        await store.get("k")
+    await store.aclose()
