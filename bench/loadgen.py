@@ -19,12 +19,16 @@ from pathlib import Path
 KEY = "bench-key"  # the API key the benchmark policies list (by hash)
 
 
-def _request_bytes(port: int, stream: bool, authorized: bool) -> bytes:
+def _request_bytes(port: int, stream: bool, authorized: bool, extra_fields: bytes = b"",
+                   extra_headers: bytes = b"") -> bytes:
+    """`extra_fields`: more JSON members (`,"temperature":0`); `extra_headers`: lines
+    ending in CRLF."""
     body = (b'{"model":"chat","messages":[{"role":"system","content":"You are terse."},'
             b'{"role":"user","content":"Say hello in a few words, please."}],"max_tokens":32'
-            + (b',"stream":true' if stream else b"") + b"}")
+            + (b',"stream":true' if stream else b"") + extra_fields + b"}")
     auth = f"Authorization: Bearer {KEY}\r\n".encode() if authorized else b""
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port + auth
+            + extra_headers
             + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
@@ -68,8 +72,9 @@ class Result:
 
 
 async def load(port: int, concurrency: int, total: int, *, stream: bool = False,
-               authorized: bool = True) -> Result:
-    payload = _request_bytes(port, stream, authorized)
+               authorized: bool = True, extra_fields: bytes = b"",
+               extra_headers: bytes = b"") -> Result:
+    payload = _request_bytes(port, stream, authorized, extra_fields, extra_headers)
     per_worker = max(1, total // concurrency)
     latencies: list[float] = []
     first_bytes: list[float] = []

@@ -155,6 +155,7 @@ function render(data) {
     : "";
   fillTable("reasons", Object.entries(data.reasons).sort((a, b) => b[1] - a[1]));
   fillTable("rejections", Object.entries(data.rejections).sort((a, b) => b[1] - a[1]));
+  fillTable("cache", Object.entries(data.cache || {}).sort((a, b) => b[1] - a[1]));
   fillTable("backends", groups.map((g) =>
     [g.name, g.values.requests, g.values.errors, g.values.spend_usd.toFixed(4)]));
   document.getElementById("spend").textContent = "$" + data.spend_usd.toFixed(4);

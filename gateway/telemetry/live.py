@@ -32,6 +32,7 @@ class Sample(NamedTuple):
     inference_ms: float | None
     reason: str | None
     cost_usd: float
+    cache: str | None = None  # the response cache's answer, on a route that has one
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -118,6 +119,7 @@ class LiveStats:
             "status": {str(k): v for k, v in Counter(s.status for s in samples).items()},
             "spend_usd": round(sum(s.cost_usd for s in samples), 6),
             "rejections": dict(Counter(self._rejected_kind)),
+            "cache": dict(Counter(s.cache for s in samples if s.cache)),
         }
 
 

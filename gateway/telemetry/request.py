@@ -372,6 +372,7 @@ class RequestTelemetry:
             at_s=live.clock(), backend=backend, route=self.route or "", status=status,
             total_ms=split.total_ms, queue_ms=split.queue_ms, ttft_ms=split.ttft_ms,
             inference_ms=split.inference_ms, reason=self.reason, cost_usd=self.cost_usd or 0.0,
+            cache=self.cache,
         ))
         access_log = self._telemetry.access_log
         if not access_log.enabled:

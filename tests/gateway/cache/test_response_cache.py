@@ -11,7 +11,7 @@ import pytest
 from gateway.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
-from tests.gateway.limits.test_gateway_limits import ADMIN_HASH, usage
+from tests.gateway.limits.test_gateway_limits import ADMIN_HASH, ADMIN_KEY, usage
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver
 from tests.redis_server import RedisServer
@@ -62,6 +62,10 @@ async def test_a_repeated_request_is_answered_from_the_cache_without_a_backend_c
     assert 'routegate_cache_misses_total{route="chat"} 1.0' in text
     saved = first[2].usage.prompt_tokens * 1000 + first[2].usage.completion_tokens * 2000
     assert f'routegate_cache_saved_micro_usd_total{{route="chat"}} {saved:.1f}' in text
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/dashboard/data",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+        assert (await response.json())["cache"] == {"miss": 1, "hit": 1}
 
 
 async def test_a_hit_is_admitted_as_a_request_and_charged_nothing(

@@ -9,6 +9,9 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.blob_store import MemoryBlobs
+from gateway.cache.metrics import CacheCollector
+from gateway.cache.response_cache import ResponseCache
 from gateway.telemetry.service import Telemetry
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request
@@ -27,6 +30,9 @@ async def exported_series() -> set[str]:
     telemetry.metrics.observe_fallback("chat", "a", "b")
     telemetry.metrics.observe_prediction_error("a", "m", ttft_ms=-20.0, total_ms=150.0)
     telemetry.metrics.policy_reloads.labels("ok").inc()
+    cache = ResponseCache(MemoryBlobs(max_bytes=1024))
+    cache.counts["chat"].hits += 1
+    telemetry.metrics.registry.register(CacheCollector(cache))
     text = telemetry.metrics.render()[0].decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
@@ -45,7 +51,7 @@ async def test_every_grafana_query_names_a_series_the_gateway_exports() -> None:
 def test_grafana_dashboard_has_the_panels_of_the_live_page() -> None:
     titles = " | ".join(p["title"].lower() for p in dashboard()["panels"])
     for topic in ("inference", "queue wait", "first token", "routing share", "reason",
-                  "spend", "rejections", "requests per second"):
+                  "spend", "rejections", "requests per second", "response cache"):
         assert topic in titles, topic
 
 
