@@ -83,7 +83,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
-    install_routing(app, hooks, live=live, pool=pool)
+    routing = install_routing(app, hooks, live=live, pool=pool)
+    pool.on_capabilities = routing.backend_reported  # what a launched backend can do
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.upstream.pool import UpstreamPool
+from policies.capabilities import ModelCapabilities
 
 log = logging.getLogger("routegate.workers")
 
@@ -31,11 +34,13 @@ class LaunchBoard:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._state: dict[str, dict[str, str]] = {}
+        self._state: dict[str, dict[str, Any]] = {}
         self._write()
 
-    def set_launched(self, name: str, url: str) -> None:
-        self._state[name] = {"url": url}
+    def set_launched(self, name: str, url: str,
+                     capabilities: ModelCapabilities | None = None) -> None:
+        self._state[name] = {"url": url, "capabilities": None if capabilities is None
+                             else dataclasses.asdict(capabilities)}
         self._write()
 
     def set_down(self, name: str, reason: str) -> None:
@@ -51,7 +56,9 @@ class LaunchBoard:
 def apply_board(data: bytes, pool: UpstreamPool) -> None:
     for name, state in orjson.loads(data).items():
         if "url" in state:
-            pool.set_launched(name, state["url"])
+            reported = state.get("capabilities")
+            pool.set_launched(name, state["url"],
+                              None if reported is None else ModelCapabilities(**reported))
         else:
             pool.set_down(name, state["down"])
 

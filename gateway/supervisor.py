@@ -2,11 +2,13 @@
 
 For each such backend: pick a free loopback port, run
 `<launch_command> --model M --host 127.0.0.1 --port P <args>`, poll `GET /health`
-until it answers (at most `startup_timeout_s`), then hand `http://127.0.0.1:P/v1` to the
-upstream pool. When the child dies it is marked down (requests get a 503 naming it)
-and started again after a backoff that doubles up to a cap and resets once a child
-has stayed up for a minute. On shutdown every child gets SIGTERM, then SIGKILL. A reloaded
-policy is followed (`follow`): added `launch:` backends start, removed ones stop.
+until it answers (at most `startup_timeout_s`), read what it can do from its
+`GET /v1/models`, then hand `http://127.0.0.1:P/v1` and those capabilities to the
+upstream pool (routing sends the child only requests it can serve). When the child
+dies it is marked down (requests get a 503 naming it) and started again after a backoff
+that doubles up to a cap and resets once a child has stayed up for a minute. On
+shutdown every child gets SIGTERM, then SIGKILL. A reloaded policy is followed
+(`follow`): added `launch:` backends start, removed ones stop.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Protocol
 import aiohttp
 
 from gateway.settings import Settings
+from policies.capabilities import ModelCapabilities, from_report
 from policies.load import Policy
 from policies.schema import LaunchSpec
 
@@ -47,7 +50,8 @@ class LaunchedBackends(Protocol):
     """Who is told where each child serves: the upstream pool, or (`serve --workers`)
     the board the workers read (`gateway/launch_board.py`)."""
 
-    def set_launched(self, name: str, url: str) -> None: ...
+    def set_launched(self, name: str, url: str,
+                     capabilities: ModelCapabilities | None = None) -> None: ...
 
     def set_down(self, name: str, reason: str) -> None: ...
 
@@ -151,8 +155,10 @@ class Supervisor:
                     return (f"exited with code {process.returncode} before answering /health "
                             f"(command: {' '.join(command)})")
                 return f"did not answer /health within {launch.startup_timeout_s:g}s"
-            child.url = base + "/v1"
-            self.pool.set_launched(child.name, child.url)
+            url = base + "/v1"
+            capabilities = await self._capabilities(url + "/models")
+            child.url = url
+            self.pool.set_launched(child.name, url, capabilities)
             log.info("local backend '%s' is up at %s (pid %d)", child.name, child.url,
                      process.pid)
             code = await process.wait()
@@ -160,6 +166,19 @@ class Supervisor:
         finally:
             child.url = None
             await _stop(process)
+
+    async def _capabilities(self, url: str) -> ModelCapabilities | None:
+        """What the child's first model card says it can do; None when it says nothing."""
+        assert self._http is not None
+        try:
+            async with self._http.get(url) as response:
+                listing = await response.json() if response.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+        cards = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict):
+            return None
+        return from_report(cards[0])
 
     async def _wait_healthy(self, process: asyncio.subprocess.Process, url: str,
                             timeout_s: float) -> bool:

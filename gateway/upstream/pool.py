@@ -7,13 +7,14 @@ client sees in its 503.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.errors import BadRequest
 from gateway.upstream.anthropic import AnthropicUpstream, unsupported_message
 from gateway.upstream.http1 import Timeouts
 from gateway.upstream.openai import OpenAIUpstream
+from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
 from policies.schema import Backend
 
@@ -72,6 +73,7 @@ class UpstreamPool:
         # its last request is done; kept here only to be closed at shutdown.
         self._retired: list[Upstream] = []
         self._current: frozenset[str] | None = None  # the live policy's enabled backends
+        self.on_capabilities: Callable[[str, ModelCapabilities | None], None] | None = None
 
     def follow(self, policy: Policy) -> None:
         """The live policy (at start and after each reload, changed or not): adapters of
@@ -122,8 +124,12 @@ class UpstreamPool:
     def unavailable_reason(self, name: str) -> str:
         return self._down_reasons.get(name, f"backend '{name}' has no URL yet")
 
-    def set_launched(self, name: str, url: str) -> None:
-        """The supervisor's child for `name` is healthy at `url`."""
+    def set_launched(self, name: str, url: str,
+                     capabilities: ModelCapabilities | None = None) -> None:
+        """The supervisor's child for `name` is healthy at `url`, and says it can do
+        `capabilities` (told to `on_capabilities`, for routing)."""
+        if self.on_capabilities is not None:
+            self.on_capabilities(name, capabilities)
         self._launched_urls[name] = url
         self._down_reasons.pop(name, None)
         adapter = self._adapters.pop(name, None)

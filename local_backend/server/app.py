@@ -22,6 +22,7 @@ from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request, error_middleware
 from local_backend.server.metrics import BackendMetrics
 from local_backend.server.protocol import (
+    CAPABILITIES,
     ParsedRequest,
     ResponseBuilder,
     choice_params,
@@ -134,8 +135,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     b = request.app[BACKEND]
+    # `max_model_len`: prompt + completion; a completion may use what the prompt leaves
     card = {"id": b.model_name, "object": "model", "created": 0, "owned_by": "routegate",
-            "max_model_len": b.engine.max_model_len}
+            "max_model_len": b.engine.max_model_len,
+            "max_output_tokens": b.engine.max_model_len - 1,
+            "capabilities": CAPABILITIES}
     return web.json_response({"object": "list", "data": [card]})
 
 

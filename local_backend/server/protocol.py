@@ -6,17 +6,64 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from local_backend.chat_template import TEXT_PARTS
 from local_backend.engine.loop import RequestOutput
 from local_backend.engine.sampler import TokenLogprob
 from local_backend.engine.sequence import SamplingParams, Timings
 from local_backend.generation_config import GenerationConfig
-from local_backend.server.errors import bad_request
+from local_backend.server.errors import ApiError, bad_request
 from local_backend.tokenizer import Tokenizer
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy default for /v1/completions
 MAX_LOGPROBS = 20  # alternatives per token; more is a 400, as with OpenAI (not silently fewer)
 MAX_CHOICES = 16  # `n`: each choice is a sequence in the running batch
+
+# Every field this server acts on. Anything else is refused by name, never ignored: a
+# caller asking for tools, JSON output or a sampler setting this engine lacks
+# (`min_p`, `repetition_penalty`, ...) must not get a plain answer unawares, and the
+# refusal (`unsupported_parameter`) lets a gateway try another backend.
+_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
+                       "stream", "stream_options", "seed", "presence_penalty",
+                       "frequency_penalty", "logit_bias", "user", "ignore_eos", "logprobs"})
+CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                           "tool_choice", "parallel_tool_calls", "response_format",
+                           "modalities", "metadata", "store"}
+COMPLETION_FIELDS = _SAMPLING | {"prompt", "echo", "best_of"}
+# Fields accepted only with the value that asks for nothing this server lacks.
+_NEUTRAL: dict[str, Any] = {"tools": [], "tool_choice": "none",
+                            "response_format": {"type": "text"}, "modalities": ["text"],
+                            "store": False}
+# What this server can do, as `/v1/models` reports it (the gateway routes by it).
+CAPABILITIES = {"tools": False, "vision": False, "json_mode": False, "json_schema": False,
+                "logprobs": True, "audio": False, "n": MAX_CHOICES}
+
+
+def unsupported(param: str, message: str, *, code: str = "unsupported_parameter") -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+def refuse_unsupported(body: dict[str, Any], *, chat: bool) -> None:
+    """400 naming the first field (or content part) this server cannot honour."""
+    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    for key, value in body.items():
+        if key not in known:
+            raise unsupported(key, f"Unsupported parameter: '{key}' is not supported by "
+                              "this server.")
+        neutral = _NEUTRAL.get(key)
+        if neutral is not None and value is not None and value != neutral:
+            raise unsupported(key, f"Unsupported value: '{key}' can only be {neutral!r} "
+                              "on this server.", code="unsupported_value")
+    messages = body.get("messages") if chat else None
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for position, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind not in TEXT_PARTS:
+                raise unsupported(f"messages[{index}].content[{position}]",
+                                  f"Unsupported value: content parts of type '{kind}' "
+                                  "are not supported by this server (text only).",
+                                  code="unsupported_value")
 
 
 @dataclass(frozen=True)
@@ -77,6 +124,7 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
     d = defaults or GenerationConfig()
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    refuse_unsupported(body, chat=chat)
     n = int(_int(body, "n", 1, 1, MAX_CHOICES) or 1)
     stop = body.get("stop")
     # A list only: tuple() of a number raises (a 500), and of an object takes its keys.
