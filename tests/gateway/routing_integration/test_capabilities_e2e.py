@@ -104,6 +104,16 @@ async def test_a_plain_request_goes_to_the_local_backend(served: Served) -> None
     assert await route_of(served, model="chat", messages=HELLO) == "local/demo"
 
 
+async def test_what_the_launched_backend_reported_is_what_routing_uses(
+        served: Served) -> None:
+    reported = served.app[ROUTING].reported["local"]
+    assert (reported.tools, reported.logprobs, reported.n, reported.context_tokens) == \
+        (False, True, 16, 2048)
+    # logprobs: nothing assumed of a launched backend until it says so; it said so
+    assert await route_of(served, model="local-only", messages=HELLO, logprobs=True,
+                          n=2) == "local/demo"
+
+
 async def test_a_tools_request_is_served_by_the_shared_api(served: Served) -> None:
     before = len(served.shared.received)
     assert await route_of(served, model="chat", messages=HELLO, tools=[TOOL]) == "shared/m"
