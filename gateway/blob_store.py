@@ -18,10 +18,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.limits.redis_store import connect
+from gateway.limits.redis_store import RedisClient, connect
 
 
 class BlobStoreUnavailable(Exception):
@@ -82,7 +81,7 @@ class MemoryBlobs:
 
 
 class RedisBlobs:
-    def __init__(self, client: aioredis.Redis, *, op_timeout_s: float = 1.0) -> None:
+    def __init__(self, client: RedisClient, *, op_timeout_s: float = 1.0) -> None:
         self.client = client
         self.op_timeout_s = op_timeout_s
 

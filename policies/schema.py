@@ -312,16 +312,19 @@ class ServerSettings(FileModel):
 
 
 class LimitStore(FileModel):
+    # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name
     store: str = Field("memory", json_schema_extra={  # editors only: `_store_known` checks
-        "pattern": r"^(memory$|rediss?://|unix://)"})  # memory | redis://host:port/db
+        "pattern": r"^(memory$|rediss?://|unix://|redis\+(cluster|sentinel)://)"})
     on_store_error: Literal["fail_open", "fail_closed"] = "fail_open"
     replicas: PositiveInt = 1  # fail-open share: each replica allows limit / replicas
 
     @field_validator("store")
     @classmethod
     def _store_known(cls, store: str) -> str:
-        if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be `memory` or a redis:// URL")
+        if store != "memory" and not store.startswith((
+                "redis://", "rediss://", "unix://", "redis+cluster://", "redis+sentinel://")):
+            raise ValueError("must be `memory`, a redis:// URL, redis+cluster://NODE,… "
+                             "or redis+sentinel://SENTINEL,…/SERVICE")
         return store
 
 

@@ -23,7 +23,8 @@ from policies.load import Policy, loads
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 
 # `redis_server`: a real redis-server on a free loopback port, per test.
-pytest_plugins = ("tests.redis_server",)
+# `redis_cluster` / `shared_redis_cluster`: a real 3-master Redis Cluster.
+pytest_plugins = ("tests.redis_server", "tests.redis_cluster")
 
 
 def single_backend_policy(url: str, *, models: tuple[str, ...] = ("gpt-4o-mini",),

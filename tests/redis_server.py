@@ -32,8 +32,10 @@ def find_redis_server() -> str | None:
 
 
 class RedisServer:
-    def __init__(self, binary: str, directory: Path, port: int | None = None) -> None:
+    def __init__(self, binary: str, directory: Path, port: int | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.binary = binary
+        self.extra_args = extra_args  # e.g. cluster mode (tests/redis_cluster.py)
         self.directory = directory
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -46,7 +48,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
              "--dir", str(self.directory), "--save", "", "--appendonly", "no",
-             "--logfile", str(self.directory / "redis.log")],
+             "--logfile", str(self.directory / "redis.log"), *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s

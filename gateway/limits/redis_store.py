@@ -26,11 +26,19 @@ from importlib.resources import files
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.limits.ledger import PeriodCache, Periods
+from gateway.limits.redis_topology import (
+    CLUSTER_CONNECTIONS_PER_NODE,
+    CLUSTER_SCHEME,
+    SENTINEL_SCHEME,
+    connect_cluster,
+    connect_sentinel,
+)
 from gateway.limits.store import (
     WINDOW_S,
     BudgetLimits,
@@ -64,8 +72,11 @@ def _script(name: str) -> str:
     return files("gateway.limits").joinpath(name).read_text(encoding="utf-8")
 
 
+RedisClient = aioredis.Redis | RedisCluster
+
+
 def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 16,
-            pool_wait_s: float = 1.0) -> aioredis.Redis:
+            pool_wait_s: float = 1.0) -> RedisClient:
     """A client that fails fast: short socket timeouts, no retries, a bounded pool.
 
     A few connections suffice (a round trip takes ~0.2 ms on a LAN) and opening fewer
@@ -73,6 +84,11 @@ def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 1
     connects is what times out first. The timeouts allow for that loop being busy:
     a stalled loop must not pass for a dead Redis.
     """
+    if url.startswith(f"{CLUSTER_SCHEME}://"):
+        return connect_cluster(url, socket_timeout_s=socket_timeout_s)
+    if url.startswith(f"{SENTINEL_SCHEME}://"):
+        return connect_sentinel(url, socket_timeout_s=socket_timeout_s,
+                                max_connections=max_connections)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=pool_wait_s,
         socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
@@ -108,9 +124,15 @@ def _seconds(ms: int) -> float | None:
 class RedisStore:
     name: StoreName = "redis"
 
-    def __init__(self, client: aioredis.Redis, *, op_timeout_s: float = 1.0) -> None:
+    def __init__(self, client: RedisClient, *, op_timeout_s: float = 1.0) -> None:
         self.client = client
         self._op_timeout_s = op_timeout_s
+        # The cluster client refuses a command when a node's connections are all busy,
+        # where the standalone one waits for one: calls wait here instead (bounded).
+        self._in_flight = (asyncio.Semaphore(CLUSTER_CONNECTIONS_PER_NODE)
+                           if isinstance(client, RedisCluster) else None)
+        self._loading = asyncio.Lock()
+        self._scripts_loaded = False
         self._admit = client.register_script(_script("admit.lua"))
         self._settle = client.register_script(_script("settle.lua"))
         self._release = client.register_script(_script("release.lua"))
@@ -118,6 +140,23 @@ class RedisStore:
         self._releases: set[asyncio.Task[None]] = set()  # held so they are not collected
 
     async def _call(self, coro: Any) -> Any:
+        if self._in_flight is not None:  # a cluster: the wait for a turn is not Redis's
+            async with self._in_flight:
+                if not self._scripts_loaded:
+                    await self._load_scripts()
+                return await self._timed(coro)
+        return await self._timed(coro)
+
+    async def _load_scripts(self) -> None:
+        """On a cluster, before the first call: many calls at once finding a script
+        missing (NOSCRIPT), each loading it, broke the cluster client's connections."""
+        async with self._loading:
+            if not self._scripts_loaded:
+                for script in (self._admit, self._settle, self._release):
+                    await self._timed(self.client.script_load(script.script))
+                self._scripts_loaded = True
+
+    async def _timed(self, coro: Any) -> Any:
         try:
             async with asyncio.timeout(self._op_timeout_s):
                 return await coro
@@ -208,7 +247,10 @@ class RedisStore:
         return TenantUsage(tenant, _period(periods.day, day), _period(periods.month, month))
 
     async def aclose(self) -> None:
-        await self.client.aclose(close_connection_pool=True)
+        if isinstance(self.client, RedisCluster):
+            await self.client.aclose()
+        else:
+            await self.client.aclose(close_connection_pool=True)
 
 
 def _period(name: str, raw: dict[bytes, bytes]) -> PeriodUsage:

@@ -211,7 +211,7 @@ CASES = [
         """), 19, 33, "defaults.limits.requests_per_minute", "greater than 0"),
     Broken("limit store unknown", with_backends("""
         limits: {store: mysql://db}
-        """), 18, 17, "limits.store", "must be `memory` or a redis:// URL"),
+        """), 18, 17, "limits.store", "must be `memory`, a redis:// URL"),
     Broken("admin key not a hash", with_backends("""
         auth:
           admin_keys: [letmein]

@@ -1,4 +1,5 @@
-"""Stores under test: every behavioural test runs against memory and a real Redis."""
+"""Stores under test: every behavioural test runs against memory, a real Redis and a
+real 3-master Redis Cluster."""
 
 from __future__ import annotations
 
@@ -9,16 +10,23 @@ import pytest
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore, connect
 from gateway.limits.store import LimitStore
+from tests.redis_cluster import RedisClusterNodes
 from tests.redis_server import RedisServer
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[LimitStore]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    redis_store = RedisStore(connect(server.url))
+    if request.param == "cluster":
+        cluster: RedisClusterNodes = request.getfixturevalue("shared_redis_cluster")
+        cluster.flush()
+        url = cluster.url
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        url = server.url
+    redis_store = RedisStore(connect(url))
     try:
         yield redis_store
     finally:
