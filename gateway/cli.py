@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from gateway import key_commands, policy_commands, serve
+from gateway.settings import package_version
 
 COMMANDS = (serve, policy_commands, key_commands)
 
@@ -15,6 +16,8 @@ COMMANDS = (serve, policy_commands, key_commands)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="routegate", description=(
         "OpenAI-compatible inference gateway that routes each request by policy."))
+    parser.add_argument("--version", action="version",
+                        version=f"routegate {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(subparsers)

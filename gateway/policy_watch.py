@@ -104,6 +104,8 @@ class PolicyReloader:
                         log.warning("policy warning: %s", warning.render())
                 else:
                     self.live.recheck()  # e.g. a CA bundle rotated, then SIGHUP
+                    log.info("policy unchanged (%s): still running version %s from %s",
+                             trigger, current.version_hash, self.path)
                 restart = tuple(self.live.restart_needed(policy))
                 if changed and restart:
                     log.warning("policy %s changes %s, read only at start-up: the running "

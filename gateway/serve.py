@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.app import LIVE_POLICY, create_app
 from gateway.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.runner import GatewayRunner
-from gateway.settings import Settings, default_policy_path
+from gateway.settings import Settings, default_policy_path, package_version
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
 from gateway.workers import supervise, worker_count
@@ -26,12 +26,22 @@ log = logging.getLogger("routegate.serve")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("serve", help="run the gateway")
-    parser.add_argument("--policy", type=Path, default=None,
+    parser = subparsers.add_parser(
+        "serve", help="run the gateway",
+        description="Run the gateway: the OpenAI API under /v1, Anthropic's /v1/messages, "
+                    "/healthz, /readyz, /metrics, /dashboard and /admin/*.",
+        epilog="Environment: ROUTEGATE_POLICY (the policy when --policy is not given), "
+               "ROUTEGATE_REDIS_URL (the rate-limit store, over limits.store), "
+               "ROUTEGATE_CACHE_DIR (the demo model's cache), OTEL_* (trace export). "
+               "SIGHUP reloads the policy file; SIGINT or SIGTERM stop the gateway.")
+    parser.add_argument("--policy", type=Path, default=None, metavar="FILE",
                         help="policy file (default: $ROUTEGATE_POLICY, else the bundled "
                              "policies/default.yaml)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every "
+                             "interface)")
+    parser.add_argument("--port", type=int, default=8080,
+                        help="port to listen on (default 8080)")
     parser.add_argument("--shadow-policy", type=Path, default=None, metavar="FILE",
                         help="decide every request under this candidate policy too, without "
                              "affecting it; differences at /admin/policy/shadow")
@@ -137,8 +147,7 @@ async def serve(app: web.Application, settings: Settings) -> int:
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror)
             return 1
-        log.info("routegate listening on http://%s:%d/v1 (policy %s)", settings.host,
-                 settings.port, settings.policy_path)
+        log.info("%s", startup_banner(settings))
         await stop.wait()
         drain = app[LIVE_POLICY].current.file.server.drain
         # Ctrl-C at a terminal: no load balancer to tell, so no announce period
@@ -148,3 +157,18 @@ async def serve(app: web.Application, settings: Settings) -> int:
         if runner.server is not None:  # not cleaned up by the drain (start-up failed)
             await runner.cleanup()
     return 0
+
+
+def startup_banner(settings: Settings) -> str:
+    """What an operator needs once the gateway listens: where the API, the dashboard
+    and the metrics are, and which policy runs."""
+    # a wildcard address is not one to browse to: show this machine's loopback instead
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(
+        settings.host, f"[{settings.host}]" if ":" in settings.host else settings.host)
+    base = f"http://{host}:{settings.port}"
+    return (f"routegate {package_version()} listening on {settings.host}:{settings.port} "
+            f"(policy {settings.policy_path})\n"
+            f"  API base URL  {base}/v1\n"
+            f"  dashboard     {base}/dashboard\n"
+            f"  metrics       {base}/metrics\n"
+            f"  readiness     {base}/readyz")

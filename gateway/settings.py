@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 
 
 def default_policy_path() -> Path:
     """`policies/default.yaml` from the installed package, wherever the CWD is."""
     return Path(str(resources.files("policies").joinpath("default.yaml")))
+
+
+def package_version() -> str:
+    """The installed distribution's version (`routegate --version`)."""
+    try:
+        return metadata.version("routegate")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 @dataclass(frozen=True, slots=True)

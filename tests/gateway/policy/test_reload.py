@@ -248,6 +248,19 @@ async def test_sighup_reloads_the_file(
     assert live.current.targets.keys() == {"bv2/m"}
 
 
+async def test_sighup_with_the_file_unchanged_logs_that_the_policy_is_unchanged(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway, policy_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    write(policy_path, version_text(openai_upstream.url, "v1"))
+    gateway = await start(start_gateway, policy_path)
+    version = gateway.app[RELOADER].live.current.version_hash
+    with caplog.at_level(logging.INFO, logger="routegate.policy"):
+        os.kill(os.getpid(), signal.SIGHUP)
+        await eventually(lambda: any("unchanged" in r.getMessage() for r in caplog.records))
+    [line] = [r.getMessage() for r in caplog.records if "unchanged" in r.getMessage()]
+    assert line.startswith("policy unchanged (signal)") and version in line
+
+
 async def test_gateway_without_a_policy_file_has_nothing_to_reload(
         openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
     gateway = await start_gateway(version_text(openai_upstream.url, "v1"))
