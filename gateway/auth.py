@@ -19,12 +19,22 @@ from aiohttp import web
 from gateway.errors import Forbidden, Unauthorized
 from policies.load import Policy
 
+TENANT_HEADER = "x-routegate-tenant"  # on every answer to an authenticated caller
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
     tenant: str
     key_hash: str | None  # None for anonymous access
     anonymous: bool = False
+    # served anonymously although it presented a key the policy does not know (a typo,
+    # a revoked key): the access log says so, `reject_unknown_keys` makes it a 401
+    unknown_key: bool = False
+
+    @property
+    def auth(self) -> str:
+        """How the caller was identified, for the access log."""
+        return "unknown_key" if self.unknown_key else "anonymous" if self.anonymous else "key"
 
 
 def key_hash(key: str) -> str:
@@ -58,7 +68,7 @@ class KeyIndex:
     with `hmac.compare_digest`, so a hit and a near miss take the same time.
     """
 
-    __slots__ = ("_buckets", "anonymous", "policy")
+    __slots__ = ("_buckets", "anonymous", "anonymous_unknown_key", "policy")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -66,8 +76,10 @@ class KeyIndex:
         for digest, tenant in policy.tenant_by_key_hash.items():
             self._buckets.setdefault(digest[:11], []).append(
                 (digest, Identity(tenant=tenant, key_hash=digest)))
-        self.anonymous = Identity(tenant=policy.file.auth.anonymous.tenant, key_hash=None,
-                                  anonymous=True)
+        tenant = policy.file.auth.anonymous.tenant
+        self.anonymous = Identity(tenant=tenant, key_hash=None, anonymous=True)
+        self.anonymous_unknown_key = Identity(tenant=tenant, key_hash=None, anonymous=True,
+                                              unknown_key=True)
 
     def identity(self, digest: str) -> Identity | None:
         found = None
@@ -97,7 +109,9 @@ class Authenticator:
         With anonymous access on (and, if `loopback_only`, a loopback peer), a missing
         or unknown key is served as the anonymous tenant: such a caller could drop the
         key and get the same access, so accepting it grants nothing more, and SDKs that
-        insist on some key work against a development gateway unchanged.
+        insist on some key work against a development gateway unchanged. An unknown key
+        is marked as such (`Identity.unknown_key`), or refused with
+        `anonymous.reject_unknown_keys`.
         """
         index = self.index(policy)
         key = presented_key(request)
@@ -105,9 +119,17 @@ class Authenticator:
             identity = index.identity(key_hash(key))
             if identity is not None:
                 return identity
+        # a key that is not one (`Authorization: KEY`, `Basic …`) was presented too
+        presented = key is not None or "Authorization" in request.headers
         anonymous = policy.file.auth.anonymous
-        if anonymous.enabled and (not anonymous.loopback_only or is_loopback(request.remote)):
-            return index.anonymous
+        if (anonymous.enabled and (not anonymous.loopback_only or is_loopback(request.remote))
+                and not (presented and anonymous.reject_unknown_keys)):
+            return index.anonymous_unknown_key if presented else index.anonymous
+        if key is None and presented:
+            raise Unauthorized(
+                "The Authorization header does not use the Bearer scheme. Send the key as "
+                "`Authorization: Bearer KEY` (or `x-api-key: KEY`).",
+                code="invalid_authorization_header")
         if key is None:
             raise Unauthorized(
                 "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.",

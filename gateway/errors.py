@@ -181,8 +181,12 @@ def _from_http_exception(exc: web.HTTPException) -> GatewayError:
     if exc.status == 404:
         return NotFound("Unknown path; the API is served under /v1 (see GET /v1/models).")
     if exc.status == 405:
-        return MethodNotAllowed(f"Method not allowed: {exc.reason}", headers={
-            "Allow": exc.headers.get("Allow", "")})
+        allowed = exc.headers.get("Allow", "")
+        methods = " or ".join(m.strip() for m in allowed.split(",") if m.strip())
+        return MethodNotAllowed(
+            f"{exc.method if isinstance(exc, web.HTTPMethodNotAllowed) else 'This method'} is "
+            f"not allowed on this path; it takes {methods or 'no method'}.",
+            headers={"Allow": allowed})
     if exc.status == 413:
         return PayloadTooLarge("Request body is too large.")
     error = GatewayError(exc.reason or "HTTP error")

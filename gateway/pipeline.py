@@ -32,7 +32,7 @@ import orjson
 from aiohttp import web
 
 from gateway.api.validate import model_name
-from gateway.auth import Authenticator
+from gateway.auth import TENANT_HEADER, Authenticator
 from gateway.context import Attempt, Endpoint, RequestContext
 from gateway.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.errors import (
@@ -75,7 +75,8 @@ class Pipeline:
             with tel.step("routegate.auth"):
                 self.authenticate(ctx)
             tenant = ctx.identity.tenant if ctx.identity else None
-            tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None)
+            tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None,
+                         auth=ctx.identity.auth if ctx.identity else None)
             await self.read_body(ctx)
             await self.parse(ctx)
             tel.requested(ctx.body)
@@ -117,13 +118,14 @@ class Pipeline:
         request_id = f"{getrandbits(96):024x}"  # unique, not secret: no system call
         telemetry = self.hooks.telemetry.begin(
             request_id=request_id, method=request.method, path=request.path,
-            headers=request.headers, timings=timing,
+            headers=request.headers, timings=timing, client=request.remote,
             record_content=policy.file.compliance.record_content)
         return RequestContext(request=request, endpoint=endpoint, policy=policy, timing=timing,
                               request_id=request_id, telemetry=telemetry)
 
     def authenticate(self, ctx: RequestContext) -> None:
-        ctx.identity = self.auth.authenticate(ctx.request, ctx.policy)
+        ctx.identity = identity = self.auth.authenticate(ctx.request, ctx.policy)
+        ctx.response_headers[TENANT_HEADER] = identity.tenant
 
     async def read_body(self, ctx: RequestContext) -> None:
         ctx.raw = await read_limited(ctx.request, ctx.policy.file.server.max_body_bytes)

@@ -289,6 +289,7 @@ class AnonymousAccess(FileModel):
     enabled: bool = False
     tenant: str = "anonymous"
     loopback_only: bool = True
+    reject_unknown_keys: bool = False  # a presented key the policy does not know: 401
 
 
 class Auth(FileModel):

@@ -27,6 +27,7 @@ from gateway.api.anthropic_translate import (
 )
 from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
+from gateway.auth import TENANT_HEADER
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
 from gateway.pipeline import read_limited
@@ -126,7 +127,8 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     model = model_name(chat)
     if policy.usable(model, identity.tenant, identity.key_hash) is None:
         raise ModelNotFound(f"model: {model}", param="model")
-    return _json({"input_tokens": request.app[ROUTING].tokens.count_request(chat)})
+    return _json({"input_tokens": request.app[ROUTING].tokens.count_request(chat)},
+                 headers={TENANT_HEADER: identity.tenant})
 
 
 def add_routes(app: web.Application) -> None:

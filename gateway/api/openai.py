@@ -9,6 +9,7 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
+from gateway.auth import TENANT_HEADER
 from gateway.context import Endpoint
 from gateway.drain import DRAIN
 from gateway.pipeline import Pipeline
@@ -20,8 +21,10 @@ EMBEDDINGS = Endpoint("embeddings", "/embeddings", check_embeddings)
 PIPELINE = web.AppKey("routegate.pipeline", Pipeline)
 
 
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+def _json(body: object, status: int = 200,
+          headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json",
+                        headers=headers)
 
 
 def proxy(pipeline: Pipeline,
@@ -44,7 +47,7 @@ async def list_models(request: web.Request) -> web.Response:
             for name in policy.routes if name in access.routes]
     data.extend({"id": key, "object": "model", "created": 0, "owned_by": target.backend_name}
                 for key, target in policy.targets.items() if key in access.targets)
-    return _json({"object": "list", "data": data})
+    return _json({"object": "list", "data": data}, headers={TENANT_HEADER: identity.tenant})
 
 
 async def healthz(request: web.Request) -> web.Response:

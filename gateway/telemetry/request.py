@@ -65,6 +65,7 @@ class RequestTelemetry:
         headers: Mapping[str, str],
         record_content: bool = False,
         timings: RequestTimings | None = None,
+        client: str | None = None,
     ) -> None:
         self.metrics = telemetry.metrics
         self._telemetry = telemetry
@@ -86,6 +87,8 @@ class RequestTelemetry:
         else:
             self.trace = RequestTrace.untraced(headers)
         self.request_id, self.method, self.path = request_id, method, path
+        self.client = client  # the peer address (access log)
+        self.auth: str | None = None  # key | anonymous | unknown_key (access log)
         # prompt and completion text: only on a recorded root, only when the policy says
         self.record_content = record_content and self.trace.recording
         self.tenant: str | None = None
@@ -127,9 +130,12 @@ class RequestTelemetry:
         operation: str = "chat",
         max_tokens: Any = None,
         temperature: Any = None,
+        auth: str | None = None,
     ) -> None:
         if tenant is not None:
             self.tenant = tenant
+        if auth is not None:
+            self.auth = auth
         if priority is not None:
             self.priority = priority
         if requested_model is not None:
@@ -379,7 +385,8 @@ class RequestTelemetry:
             return split
         access_log.write(AccessRecord(
             request_id=self.request_id, method=self.method, path=self.path, status=status,
-            trace_id=self.trace_id, tenant=self.tenant, route=self.route,
+            client=self.client, trace_id=self.trace_id, tenant=self.tenant, auth=self.auth,
+            route=self.route,
             backend=self.backend, model=self.model, stream=self.stream, attempts=self.attempts,
             decision_reason=self.reason, error_code=error_code, input_tokens=self.input_tokens,
             output_tokens=self.output_tokens, cost_usd=self.cost_usd,

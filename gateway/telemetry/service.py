@@ -66,10 +66,11 @@ class Telemetry:
         headers: Mapping[str, str],
         record_content: bool = False,
         timings: RequestTimings | None = None,
+        client: str | None = None,
     ) -> RequestTelemetry:
         return RequestTelemetry(
             self, request_id=request_id, method=method, path=path, headers=headers,
-            record_content=record_content, timings=timings,
+            record_content=record_content, timings=timings, client=client,
         )
 
     def dropped_spans(self) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -107,3 +109,62 @@ def test_require_admin_accepts_only_admin_keys() -> None:
         require_admin(request({"Authorization": "Bearer acme-key"}), policy)
     with pytest.raises(Unauthorized):
         require_admin(request({}), policy)
+
+
+async def _call(url: str, headers: dict[str, str], body: dict[str, Any] | None = None
+                ) -> tuple[int, Any, Any]:
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/v1/chat/completions", json=body or BODY, headers=headers) as response:
+        return response.status, response.headers, await response.json()
+
+
+def _access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [json.loads(r.getMessage()) for r in caplog.records if r.name == "routegate.access"]
+
+
+@pytest.mark.parametrize("header", ["acme-key", "Basic acme-key", "Token acme-key"])
+async def test_a_key_without_the_bearer_scheme_is_told_the_scheme_is_missing(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway, header: str) -> None:
+    gateway = await start_gateway(keyed_policy(openai_upstream.url))
+    status, _, body = await _call(gateway.url, {"Authorization": header})
+    assert status == 401
+    assert body["error"]["code"] == "invalid_authorization_header"
+    assert "Bearer" in body["error"]["message"] and "acme-key" not in body["error"]["message"]
+
+
+async def test_every_response_names_the_tenant_it_was_served_as(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(keyed_policy(openai_upstream.url, anonymous={"enabled": True}))
+    _, headers, _ = await _call(gateway.url, {"Authorization": "Bearer acme-key"})
+    assert headers["x-routegate-tenant"] == "acme"
+    _, headers, _ = await _call(gateway.url, {})
+    assert headers["x-routegate-tenant"] == "anonymous"
+    status, headers, _ = await _call(gateway.url, {"Authorization": "Bearer acme-key"},
+                                     {"model": "nope", "messages": []})
+    assert status in (400, 404) and headers["x-routegate-tenant"] == "acme"
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/v1/models", headers={"Authorization": "Bearer acme-key"}) as models:
+        assert models.headers["x-routegate-tenant"] == "acme"
+
+
+async def test_an_unknown_key_served_anonymously_is_marked_in_the_access_log(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway,
+        caplog: pytest.LogCaptureFixture) -> None:
+    gateway = await start_gateway(keyed_policy(openai_upstream.url, anonymous={"enabled": True}))
+    with caplog.at_level(logging.INFO, logger="routegate.access"):
+        status, headers, _ = await _call(gateway.url, {"Authorization": "Bearer typo-key"})
+        await _call(gateway.url, {})
+        await _call(gateway.url, {"Authorization": "Bearer acme-key"})
+    assert status == 200 and headers["x-routegate-tenant"] == "anonymous"
+    assert [line["auth"] for line in _access_lines(caplog)] == ["unknown_key", "anonymous", "key"]
+    assert "typo-key" not in caplog.text
+
+
+async def test_reject_unknown_keys_refuses_a_key_it_does_not_know_but_serves_no_key(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(keyed_policy(
+        openai_upstream.url, anonymous={"enabled": True, "reject_unknown_keys": True}))
+    status, _, body = await _call(gateway.url, {"Authorization": "Bearer typo-key"})
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    assert (await _call(gateway.url, {"Authorization": "typo-key"}))[0] == 401
+    assert (await _call(gateway.url, {}))[0] == 200

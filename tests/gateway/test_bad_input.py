@@ -148,4 +148,7 @@ async def test_unknown_path_and_wrong_method_are_openai_shaped(gateway: RunningG
             wrong_body = await wrong.json()
     assert missing.status == 404 and missing_body["error"]["type"] == "invalid_request_error"
     assert wrong.status == 405 and wrong_body["error"]["code"] == "method_not_allowed"
+    assert wrong_body["error"]["message"] == (
+        "GET is not allowed on this path; it takes POST.")
+    assert wrong.headers["Allow"] == "POST"
     assert "Server-Timing" in missing.headers

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import orjson
@@ -159,6 +161,27 @@ async def test_one_json_access_line_per_request_and_never_the_key_or_the_prompt(
     assert "ttft_ms" in lines[1]["timing"]
     assert API_KEY not in caplog.text
     assert PROMPT not in caplog.text and "marmalade" not in caplog.text
+
+
+async def test_access_lines_carry_the_time_the_client_and_the_request_id_and_no_empty_field(
+    openai_upstream: FakeOpenAI, start_traced: StartTraced, caplog: pytest.LogCaptureFixture,
+) -> None:
+    traced = await start_traced(single_backend_policy(openai_upstream.url))
+    caplog.set_level(logging.INFO, ACCESS_LOGGER)
+    before = datetime.now(UTC)
+    answers = [await post(traced.gateway.url, body)
+               for body in (CHAT, {**CHAT, "model": "missing"}, {"model": "chat"})]
+
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert [line["status"] for line in lines] == [200, 404, 400]
+    for line, (_, headers, _) in zip(lines, answers, strict=True):
+        assert list(line)[0] == "time"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
+        when = datetime.fromisoformat(line["time"])
+        assert before - timedelta(seconds=1) <= when <= datetime.now(UTC)
+        assert line["client"] == "127.0.0.1"
+        assert line["request_id"] == {k.lower(): v for k, v in headers.items()}["x-request-id"]
+        assert all(value not in ("", None, {}, []) for value in line.values()), line
 
 
 async def test_ttft_is_measured_for_a_backend_that_writes_json_with_spaces(
