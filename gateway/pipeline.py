@@ -51,6 +51,7 @@ from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.upstream.openai import UpstreamFailure
 from gateway.upstream.pool import UpstreamPool
+from policies.model_names import unserved_model
 from routing.decide import RouteDecision
 
 log = logging.getLogger("routegate.pipeline")
@@ -149,11 +150,13 @@ class Pipeline:
         ctx.endpoint.check(body)
         identity = ctx.identity
         tenant = identity.tenant if identity else ctx.policy.file.auth.anonymous.tenant
-        if ctx.policy.usable(ctx.model, tenant,
-                             identity.key_hash if identity else None) is None:
-            raise ModelNotFound(
-                f"The model '{ctx.model}' does not exist; GET /v1/models lists the routes "
-                "and models you can use.", param="model")
+        key_hash = identity.key_hash if identity else None
+        served = ctx.policy.usable(ctx.model, tenant, key_hash)
+        if served is None:
+            unserved = unserved_model(ctx.policy, ctx.model, ctx.policy.access_of(tenant, key_hash))
+            raise ModelNotFound(unserved.message, param="model",
+                                code="model_disabled" if unserved.disabled else None)
+        self.refuse_unless_a_backend_is_up(ctx, served)
         ctx.stream = body.get("stream") is True
         options = body.get("stream_options")
         ctx.client_wants_usage = bool(options and options.get("include_usage") is True)
@@ -162,6 +165,20 @@ class Pipeline:
         for name in _TRACE_HEADERS:
             if name in headers:
                 ctx.upstream_headers[name] = headers[name]
+
+    def refuse_unless_a_backend_is_up(self, ctx: RequestContext, served: str) -> None:
+        """A request none of whose backends is up (a launched one still starting) is
+        refused before it is admitted, so it costs the caller nothing of its limits."""
+        policy, pool = ctx.policy, self.pool
+        route = policy.routes.get(served)
+        keys = route.targets if route is not None else (served,)
+        for key in keys:
+            target = policy.targets[key]
+            if pool.is_up(target.backend_name, target.backend):
+                return
+        raise NoBackendAvailable(f"No backend can serve '{ctx.model}': " + "; ".join(
+            f"{key}: {pool.unavailable_reason(policy.targets[key].backend_name)}"
+            for key in keys) + ".")
 
     def route(self, ctx: RequestContext) -> None:
         # an Anthropic backend has no /embeddings: routing never picks what cannot serve

@@ -18,9 +18,16 @@ from policies.schema import PolicyFile
 class Access:
     routes: frozenset[str]  # route names it may ask for
     targets: frozenset[str]  # `backend/model` names it may ask for directly
+    # the globs themselves, for names not served now (a disabled backend's)
+    allow: tuple[str, ...] = ()
+    allow_targets: tuple[str, ...] = ()
 
     def allows(self, name: str) -> bool:
         return name in self.routes or name in self.targets
+
+    def would_allow(self, name: str, *, target: bool) -> bool:
+        """Whether the globs admit `name`, served now or not."""
+        return bool(_matching((name,), self.allow_targets if target else self.allow))
 
 
 def _matching(names: Iterable[str], globs: Sequence[str]) -> frozenset[str]:
@@ -38,7 +45,8 @@ class AccessTable:
         defaults = policy.defaults
 
         def access(allow: Sequence[str], allow_targets: Sequence[str]) -> Access:
-            return Access(_matching(routes, allow), _matching(targets, allow_targets))
+            return Access(_matching(routes, allow), _matching(targets, allow_targets),
+                          tuple(allow), tuple(allow_targets))
 
         self._default = access(defaults.allow, defaults.allow_targets)
         self._by_tenant: dict[str, Access] = {}

@@ -121,6 +121,10 @@ class UpstreamPool:
             raise BadRequest(unsupported_message(candidates[0].backend_name, path))
         return able
 
+    def is_up(self, name: str, backend: Backend) -> bool:
+        """Whether requests can be sent to `backend` now (a launched one once it answers)."""
+        return backend.type in ADAPTERS and bool(backend.url or name in self._launched_urls)
+
     def unavailable_reason(self, name: str) -> str:
         return self._down_reasons.get(name, f"backend '{name}' has no URL yet")
 
@@ -154,8 +158,7 @@ class UpstreamPool:
         for name, backend in policy.file.backends.items():
             if not backend.enabled:
                 continue
-            ready = backend.type in ADAPTERS and (backend.url or name in self._launched_urls)
-            report[name] = "ready" if ready else self.unavailable_reason(name)
+            report[name] = "ready" if self.is_up(name, backend) else self.unavailable_reason(name)
         return report
 
     async def close(self) -> None:

@@ -175,7 +175,7 @@ async def test_access_lines_carry_the_time_the_client_and_the_request_id_and_no_
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
     assert [line["status"] for line in lines] == [200, 404, 400]
     for line, (_, headers, _) in zip(lines, answers, strict=True):
-        assert list(line)[0] == "time"
+        assert next(iter(line)) == "time"
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
         when = datetime.fromisoformat(line["time"])
         assert before - timedelta(seconds=1) <= when <= datetime.now(UTC)
