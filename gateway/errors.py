@@ -172,8 +172,9 @@ class UpstreamClientError(GatewayError):
     type = "invalid_request_error"
     code = "upstream_rejected"
 
-    def __init__(self, status: int, message: str, *, detail: str | None = None) -> None:
-        super().__init__(message, detail=detail)
+    def __init__(self, status: int, message: str, *, detail: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message, detail=detail, code=code)
         self.status = status  # type: ignore[misc]
 
 

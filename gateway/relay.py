@@ -22,7 +22,13 @@ from gateway.context import Dialect, RequestContext
 from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
-from gateway.upstream.openai import PASSTHROUGH_HEADERS, UpstreamFailure, incapable
+from gateway.upstream.openai import (
+    PASSTHROUGH_HEADERS,
+    UNSUPPORTED_ENDPOINT,
+    Incapable,
+    UpstreamFailure,
+    incapable,
+)
 from gateway.upstream.pool import UpstreamResponse
 from gateway.whole_response import WholeResponse
 
@@ -52,6 +58,13 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
             status=status)
     if 400 <= status < 500:
         error = _openai_error(data)
+        if error is None and status in (404, 405) and ctx.endpoint.path != "/chat/completions":
+            # a chat-only server asked for /embeddings answers its framework's bare Not
+            # Found: it cannot do this, and another candidate may
+            raise UpstreamFailure(UpstreamError(
+                f"Backend '{name}' has no /v1{ctx.endpoint.path} endpoint (HTTP {status})."),
+                status=status, body=data, cannot=Incapable(
+                    UNSUPPORTED_ENDPOINT, None, f"no /v1{ctx.endpoint.path} endpoint"))
         if error is None:
             raise UpstreamClientError(status, f"Backend '{name}' rejected the request "
                                       f"(HTTP {status}).",

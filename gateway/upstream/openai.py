@@ -62,6 +62,7 @@ class Incapable:
 
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # no such path (`/embeddings` on a chat server)
 _CANNOT_CODES = frozenset({CONTEXT_LENGTH_EXCEEDED, "unsupported_parameter",
                            "unsupported_value"})
 

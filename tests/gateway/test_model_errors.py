@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
+from aiohttp import web
 
 from gateway.settings import Settings
-from tests.conftest import StartGateway, single_backend_policy
+from tests.conftest import StartGateway, StartScripted, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 
 ONE_PER_MINUTE = {"limits": {"requests_per_minute": 1, "tokens_per_minute": 1_000_000}}
@@ -93,3 +95,32 @@ async def test_a_disabled_or_unknown_name_the_caller_may_not_use_reads_as_unknow
         assert status == 404 and body["error"]["code"] == "model_not_found", model
         assert "disabled" not in body["error"]["message"]
         assert "did you mean" not in body["error"]["message"]  # only `chat` is its to use
+
+
+async def test_embeddings_on_a_chat_only_backend_name_the_model_and_the_endpoint(
+        scripted_upstream: StartScripted, start_gateway: StartGateway) -> None:
+    url = await scripted_upstream(never_chat)  # serves /v1/chat/completions only
+    gateway = await start_gateway(single_backend_policy(url))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await gateway.openai().embeddings.create(model="chat", input="hello")
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "unsupported_endpoint"
+    assert "'chat'" in error["message"]
+    assert "Backend 'up' has no /v1/embeddings endpoint" in error["message"]
+
+
+async def test_embeddings_move_on_past_a_chat_only_backend_to_one_that_has_them(
+        scripted_upstream: StartScripted, openai_upstream: FakeOpenAI,
+        start_gateway: StartGateway) -> None:
+    url = await scripted_upstream(never_chat)
+    policy = single_backend_policy(url)
+    policy["backends"]["embedder"] = {"type": "openai", "url": openai_upstream.url,
+                                      "models": {"e": {}}}
+    policy["routes"]["chat"]["targets"] = ["up/gpt-4o-mini", "embedder/e"]
+    gateway = await start_gateway(policy)
+    reply = await gateway.openai().embeddings.create(model="chat", input="hello")
+    assert reply.data and gateway.url  # served by the second candidate
+
+
+async def never_chat(request: web.Request) -> web.Response:
+    raise AssertionError("only /v1/embeddings is asked for")
