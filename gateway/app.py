@@ -33,6 +33,7 @@ from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
 from gateway.telemetry.service import Telemetry
+from gateway.upstream.connect_probe import READINESS, ConnectProbe
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.tls import warm as warm_tls
 from policies.load import Policy
@@ -72,6 +73,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # backends a reload removes close once idle; so do connections trusting a rotated CA
     live.on_swap(pool.follow, recheck=True)
     app[PIPELINE] = Pipeline(live, pool, hooks)
+    app[READINESS] = ConnectProbe()  # /readyz: is each URL backend reachable at all
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
     # POST /v1/responses, GET/DELETE /v1/responses/{id}; its store is chosen once

@@ -69,6 +69,14 @@ def _check_backends(policy: PolicyFile, found: Findings) -> None:
             found.error(("backends", name, "launch"),
                         "`launch` starts a local_backend, which speaks the OpenAI API",
                         "write `type: openai`")
+        if backend.enabled and backend.api_key is not None and (
+                not backend.api_key.get_secret_value()):
+            # `api_key: ${OPENAI_API_KEY:-}` with the variable unset: every request to it
+            # would come back 401, and it would count as ready
+            found.warn(("backends", name, "api_key"),
+                       "the backend is enabled but its `api_key` is empty",
+                       "set the key's variable, or write `enabled: ${VAR:+true}` so that the "
+                       "backend is on only when the key is set")
         if backend.deployment == "dedicated" and backend.gpu_hour_usd is None:
             found.warn(("backends", name, "deployment"),
                        "a dedicated backend without `gpu_hour_usd` is costed as free",

@@ -13,6 +13,7 @@ from gateway.auth import TENANT_HEADER
 from gateway.context import Endpoint
 from gateway.drain import DRAIN
 from gateway.pipeline import Pipeline
+from gateway.upstream.connect_probe import READINESS
 
 CHAT = Endpoint("chat.completions", "/chat/completions", check_chat)
 COMPLETIONS = Endpoint("completions", "/completions", check_completions)
@@ -61,6 +62,9 @@ async def readyz(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
     backends = pipeline.pool.status(policy)
+    for name, failure in (await request.app[READINESS].unreachable(policy)).items():
+        if backends.get(name) == "ready":
+            backends[name] = failure
     ready = any(state == "ready" for state in backends.values())
     status = "ready" if ready else "not ready"
     if request.app[DRAIN].draining:

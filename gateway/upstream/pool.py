@@ -158,7 +158,11 @@ class UpstreamPool:
         for name, backend in policy.file.backends.items():
             if not backend.enabled:
                 continue
-            report[name] = "ready" if self.is_up(name, backend) else self.unavailable_reason(name)
+            if backend.api_key is not None and not backend.api_key.get_secret_value():
+                report[name] = "enabled with an empty api_key (its variable is not set?)"
+            else:
+                report[name] = ("ready" if self.is_up(name, backend)
+                                else self.unavailable_reason(name))
         return report
 
     async def close(self) -> None:

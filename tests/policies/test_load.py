@@ -227,3 +227,13 @@ def test_key_hash_listed_twice_by_one_tenant_is_reported_as_such() -> None:
     (issue,) = raised.value.issues
     assert (issue.field_path, issue.message) == ("tenants.acme.api_keys[1]",
                                                  "key hash is listed twice")
+
+
+def test_an_enabled_backend_with_an_empty_api_key_is_a_warning_at_the_key() -> None:
+    text = BASE.replace("    enabled: ${OPENAI_API_KEY:+true}\n", "")
+    [warning] = loads(text, environ={}).warnings
+    assert (warning.line, warning.field_path) == (14, "backends.openai.api_key")
+    assert "enabled but its `api_key` is empty" in warning.message
+    assert warning.hint is not None and "${VAR:+true}" in warning.hint
+    assert loads(text, environ={"OPENAI_API_KEY": "sk-1"}).warnings == ()
+    assert loads(BASE, environ={}).warnings == ()  # switched off with the key unset

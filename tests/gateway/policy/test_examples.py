@@ -16,6 +16,11 @@ from routing.tokens import TokenCounter
 ROOT = Path(__file__).resolve().parents[3] / "policies"
 EXAMPLES = ROOT / "examples"
 TOKENS = TokenCounter()
+# what an operator sets for the providers it uses; the examples switch a backend on
+# only when its key is set
+KEYS = {name: "sk-example" for name in (
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_EU_API_KEY", "TOGETHER_API_KEY",
+    "FAST_PROVIDER_API_KEY")}
 
 
 def chat(content: str, model: str = "chat") -> dict[str, Any]:
@@ -48,9 +53,20 @@ CASES = [
 @pytest.mark.parametrize("path", [*sorted(EXAMPLES.glob("*.yaml")), ROOT / "default.yaml"],
                          ids=lambda path: path.name)
 def test_shipped_policy_loads_without_warnings(path: Path) -> None:
-    policy = load(path, environ={})
+    policy = load(path, environ=KEYS)
     assert policy.warnings == ()
     assert path.read_text().splitlines()[1].startswith("# ")  # says what it is for
+
+
+@pytest.mark.parametrize("path", [*sorted(EXAMPLES.glob("*.yaml")), ROOT / "default.yaml"],
+                         ids=lambda path: path.name)
+def test_shipped_policy_runs_without_provider_keys(path: Path) -> None:
+    policy = load(path, environ={})  # no variable unset without a default
+    for warning in policy.warnings:  # nothing enabled with an empty key, at most a route off
+        assert "is on a disabled backend" in warning.message, warning.render()
+    for name, backend in policy.file.backends.items():
+        assert not (backend.enabled and backend.api_key is not None
+                    and not backend.api_key.get_secret_value()), name
 
 
 def test_there_are_five_examples_each_with_an_explained_route() -> None:
@@ -62,14 +78,14 @@ def test_there_are_five_examples_each_with_an_explained_route() -> None:
 def test_explain_routes_the_sample_request_as_the_example_intends(
         name: str, body: dict[str, Any], tenant: str | None, in_flight: tuple[str, ...],
         chosen: str, excluded: dict[str, str]) -> None:
-    decision = explain_request(load(EXAMPLES / name, environ={}), body, tenant=tenant,
+    decision = explain_request(load(EXAMPLES / name, environ=KEYS), body, tenant=tenant,
                                in_flight=in_flight, tokens=TOKENS)
     assert decision.primary is not None and decision.primary.key == chosen
     assert {e.key: e.reason for e in decision.excluded} == excluded
 
 
 def test_multi_provider_fallbacks_are_ordered_by_cost() -> None:
-    decision = explain_request(load(EXAMPLES / "multi-provider-fallback.yaml", environ={}),
+    decision = explain_request(load(EXAMPLES / "multi-provider-fallback.yaml", environ=KEYS),
                                PLAIN, tokens=TOKENS)
     assert [c.key for c in decision.candidates] == [
         "openai/gpt-4o-mini", "together/llama-3.3-70b", "anthropic/claude-haiku-4-5"]
@@ -79,7 +95,7 @@ def test_explain_prints_candidates_predictions_and_the_choice(tmp_path: Path) ->
     request = tmp_path / "request.json"
     request.write_text(json.dumps(WITH_EMAIL))
     out = io.StringIO()
-    assert explain_file(str(EXAMPLES / "pii-on-prem.yaml"), str(request), environ={},
+    assert explain_file(str(EXAMPLES / "pii-on-prem.yaml"), str(request), environ=KEYS,
                         out=out) == 0
     text = out.getvalue()
     assert "PII: email" in text
@@ -93,14 +109,14 @@ def test_explain_json_is_the_decision(tmp_path: Path) -> None:
     request.write_text(json.dumps(PLAIN))
     out = io.StringIO()
     explain_file(str(EXAMPLES / "eu-data-residency.yaml"), str(request), tenant="acme",
-                 as_json=True, environ={}, out=out)
+                 as_json=True, environ=KEYS, out=out)
     decision = json.loads(out.getvalue())
     assert decision["candidates"][0]["target"] == "azure-eu/gpt-4o-mini"
     assert decision["features"]["tenant_tags"] == ["eu"]
 
 
 def test_header_tightens_the_budget(tmp_path: Path) -> None:
-    decision = explain_request(load(EXAMPLES / "local-first-spillover.yaml", environ={}),
+    decision = explain_request(load(EXAMPLES / "local-first-spillover.yaml", environ=KEYS),
                                PLAIN, headers=["x-routegate-ttft-budget-ms: 100"],
                                tokens=TOKENS)
     assert decision.features.ttft_budget_ms == 100
@@ -111,7 +127,7 @@ def test_explain_of_an_unknown_tenant_fails(tmp_path: Path) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(PLAIN))
     assert explain_file(str(EXAMPLES / "eu-data-residency.yaml"), str(request),
-                        tenant="nobody", environ={}, out=io.StringIO()) == 1
+                        tenant="nobody", environ=KEYS, out=io.StringIO()) == 1
 
 
 def test_explain_refuses_simulated_load_on_a_target_the_policy_lacks(
@@ -120,7 +136,7 @@ def test_explain_refuses_simulated_load_on_a_target_the_policy_lacks(
     request = tmp_path / "request.json"
     request.write_text(json.dumps(PLAIN))
     assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
-                        in_flight=["local/llama-3.1-8=64"], environ={}, out=io.StringIO()) == 1
+                        in_flight=["local/llama-3.1-8=64"], environ=KEYS, out=io.StringIO()) == 1
     error = capsys.readouterr().err
     assert "--in-flight" in error and "did you mean `local/llama-3.1-8b`?" in error
     assert "request.json" not in error  # the request file is not what is wrong
@@ -131,7 +147,7 @@ def test_explain_refuses_a_simulated_load_that_is_not_a_count(
     request = tmp_path / "request.json"
     request.write_text(json.dumps(PLAIN))
     assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
-                        in_flight=["local/llama-3.1-8b=lots"], environ={},
+                        in_flight=["local/llama-3.1-8b=lots"], environ=KEYS,
                         out=io.StringIO()) == 1
     error = capsys.readouterr().err
     assert "--in-flight local/llama-3.1-8b=lots" in error and "request.json" not in error
@@ -142,5 +158,5 @@ def test_explain_accepts_the_anonymous_tenant_by_name(tmp_path: Path) -> None:
     request.write_text(json.dumps(PLAIN))
     out = io.StringIO()
     assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
-                        tenant="anonymous", environ={}, out=out) == 0
+                        tenant="anonymous", environ=KEYS, out=out) == 0
     assert "tenant 'anonymous'" in out.getvalue()
