@@ -111,7 +111,12 @@ def _parse(text: str, source: str, environ: Mapping[str, str]
     try:
         policy_file = PolicyFile.model_validate(data)
     except ValidationError as exc:
-        issues += [_issue_from_pydantic(error, document) for error in exc.errors()]
+        # one mistake, one error: a value the environment failed to supply (an unset
+        # variable) is not also reported as the wrong type
+        reported = {(issue.line, issue.column) for issue in issues}
+        issues += [issue for issue in (_issue_from_pydantic(error, document)
+                                       for error in exc.errors())
+                   if (issue.line, issue.column) not in reported]
     if issues:
         raise PolicyError(issues=sorted(issues, key=_file_order))
     return policy_file, document

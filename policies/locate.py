@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import yaml
 
 from policies.errors import PolicyIssue
+from policies.yaml_syntax import syntax_issue
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+)([^}\n]*))?\}")
 # While the YAML is parsed, each reference stands in as a placeholder of the same
@@ -105,12 +106,7 @@ class LocatedDocument:
         try:
             root = yaml.compose(_ENV_REFERENCE.sub(hide, text), Loader=_COMPOSER)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc)
-            return None, [PolicyIssue(
-                f"not valid YAML: {problem}", source,
-                mark.line + 1 if mark else None, mark.column + 1 if mark else None,
-            )]
+            return None, [syntax_issue(exc, text, source)]
         if root is None:
             return None, [PolicyIssue("the policy file is empty", source, 1, 1)]
         document = cls(root, source)

@@ -51,9 +51,28 @@ def with_backends(extra: str) -> str:
 
 
 CASES = [
-    Broken("yaml syntax", "version: 1\nbackends:\n  a: [1, 2\n", 4, 1, None,
-           "not valid YAML"),
-    Broken("tab indentation", "version: 1\nbackends:\n\ta: 1\n", 3, 1, None, "not valid YAML"),
+    Broken("unclosed list", "version: 1\nbackends:\n  a: [1, 2\n", 3, 6, None,
+           "not valid YAML: the `[` opened here is never closed",
+           "close it with `]` before the line ends"),
+    Broken("tab indentation", "version: 1\nbackends:\n\ta: 1\n", 3, 1, None,
+           "not valid YAML: a tab indents this line", "replace the tab with spaces"),
+    Broken("tab after spaces", "version: 1\nbackends:\n  a:\n  \ttype: openai\n", 4, 3, None,
+           "a tab indents this line", "replace the tab with spaces"),
+    Broken("key indented between two levels",
+           "version: 1\nbackends:\n  a:\n    type: openai\n   url: http://x\n", 5, 4, None,
+           "indented 3 spaces, which matches no key", "indent it as the line above is (4 spaces)"),
+    Broken("key indented under a value",
+           "version: 1\nbackends:\n  a:\n    type: openai\n      url: http://x\n", 5, 7, None,
+           "deeper than `type` above it", "indent it as `type` is (4 spaces)"),
+    Broken("key without its colon, found on the next line",
+           "version: 1\nbackends:\n  a:\n    type openai\n    url: http://x\n", 4, 5, None,
+           "this line has no `:` after its key", "write `key: value`"),
+    Broken("unclosed quote, found at the end of the file",
+           'version: 1\nbackends:\n  a:\n    type: "openai\n    url: http://x\nroutes: {}\n',
+           4, 11, None, 'the " opened here is never closed', 'close the value with "'),
+    Broken("unclosed brace, found on the next line",
+           "version: 1\nroutes:\n  chat: {targets: [a/m]\n  fast: {}\n", 3, 9, None,
+           "the `{` opened here is never closed", "close it with `}` before the line ends"),
     Broken("empty file", "# nothing here\n", 1, 1, None, "empty"),
     Broken("top level is a list", "- version: 1\n", 1, 1, None, "must be a YAML mapping"),
     Broken("version missing", BACKENDS.replace("version: 1\n", "# v1\n"), 2, 1, "version",
@@ -280,3 +299,11 @@ tenants:
     (issue,) = caught.value.issues
     assert issue.field_path == "tenants.acme.routes.chat"
     assert "chat-fsat" in issue.message
+
+
+def test_an_unset_variable_in_a_number_field_is_one_error() -> None:
+    text = BACKENDS.replace("    region: us\n", "    max_concurrency: ${NOPE}\n")
+    with pytest.raises(PolicyError) as raised:
+        loads(text, source="policy.yaml", environ={})
+    [issue] = raised.value.issues
+    assert issue.message == "environment variable NOPE is not set"
