@@ -1,4 +1,4 @@
-"""`routegate policy check|schema|explain`: validate policy files before they go live."""
+"""`routegate policy check|schema|reference|explain`: validate policy files before they go live."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gateway.policy_explain import add_explain_parser, env_assignment
 from policies.errors import PolicyError, PolicyIssue
 from policies.json_schema import render as render_schema
 from policies.load import Policy, load
+from policies.reference_doc import render as render_reference
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     schema = commands.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(func=lambda args: print_schema())
+    reference = commands.add_parser(
+        "reference", help="print the reference of every policy field (docs/policy.md)")
+    reference.set_defaults(func=lambda args: print(render_reference(), end="") or 0)
 
     add_explain_parser(commands, environ_with)
 

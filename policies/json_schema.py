@@ -31,14 +31,10 @@ def _allow_env_references(node: Any) -> Any:
     if (isinstance(kind, str) and kind in _SCALAR_TYPES) or (
             isinstance(node.get("enum"), list)) or "const" in node or (
             kind == "string" and "pattern" in node):
-        default = node.pop("default", None)
-        title = node.pop("title", None)
-        wrapped: dict[str, Any] = {"anyOf": [node, _ENV_REFERENCE]}
-        if title is not None:
-            wrapped["title"] = title
-        if default is not None:
-            wrapped["default"] = default
-        return wrapped
+        # what an editor shows on hover belongs to the field, not to one of its forms
+        outer = {key: node.pop(key) for key in ("title", "description", "default")
+                 if node.get(key) is not None}
+        return {"anyOf": [node, _ENV_REFERENCE], **outer}
     return node
 
 

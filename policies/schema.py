@@ -58,16 +58,22 @@ KeyHash = Annotated[str, AfterValidator(_check_key_hash),
 
 
 class FileModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a string under a field is its description: JSON Schema hover help, docs/policy.md
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class LatencyPriors(FileModel):
     """Declared latency of a backend model, used until live statistics exist."""
 
     network_ms: NonNegativeFloat = 20.0
-    ttft_ms: NonNegativeFloat | None = None  # fixed overhead before the first token
+    """Round trip to the backend, in ms, before live measurements exist."""
+    ttft_ms: NonNegativeFloat | None = None
+    """Fixed overhead before the first token, in ms (on top of network and prefill); none by
+    default."""
     prefill_tokens_per_s: PositiveFloat = 5000.0
+    """How fast the backend reads the prompt, in tokens per second."""
     decode_tokens_per_s: PositiveFloat = 50.0
+    """How fast the backend writes the reply, in tokens per second (one stream)."""
 
 
 class Capabilities(FileModel):
@@ -77,43 +83,70 @@ class Capabilities(FileModel):
     sends a request only to targets that can do all it asks (`tools` in the body needs
     `tools: true`), so a model is never asked for what it would silently ignore."""
 
-    tools: bool | None = None  # `tools` / `tool_choice` (and the legacy `functions`)
-    vision: bool | None = None  # image parts in messages
+    tools: bool | None = None
+    """Tool calls: `tools` / `tool_choice` (and the legacy `functions`). Unset: the backend type's
+    default."""
+    vision: bool | None = None
+    """Image parts in messages. Unset: the backend type's default."""
     json_mode: bool | None = None  # response_format {type: json_object}
+    """`response_format: {type: json_object}`. Unset: the backend type's default."""
     json_schema: bool | None = None  # response_format {type: json_schema}
+    """`response_format: {type: json_schema}`. Unset: the backend type's default."""
     logprobs: bool | None = None
-    audio: bool | None = None  # audio parts in messages, or audio output
-    n: PositiveInt | None = None  # the most choices one request may ask for
+    """`logprobs` / `top_logprobs`. Unset: the backend type's default."""
+    audio: bool | None = None
+    """Audio parts in messages, or audio output. Unset: the backend type's default."""
+    n: PositiveInt | None = None
+    """The most choices (`n`) one request may ask for. Unset: the backend type's default."""
 
 
 class ModelSpec(FileModel):
-    upstream_name: str | None = None  # the name sent upstream when it differs from the key
+    upstream_name: str | None = None
+    """The `model` value sent to the backend, when it differs from the name used in this policy."""
     input_usd_per_mtok: NonNegativeFloat = 0.0
+    """Price of a million prompt tokens in USD (shared backends; used for cost and budgets)."""
     output_usd_per_mtok: NonNegativeFloat = 0.0
+    """Price of a million completion tokens in USD (shared backends)."""
     # prompt + completion; a launched backend reports its own (an explicit value wins)
     context_tokens: PositiveInt | None = None
-    max_output_tokens: PositiveInt | None = None  # the most `max_tokens` it accepts
+    """The context window (prompt + completion) in tokens; a prompt no candidate holds is a 400
+    `context_length_exceeded`. A launched backend reports its own; a value here wins."""
+    max_output_tokens: PositiveInt | None = None
+    """The most `max_tokens` the model accepts."""
     capabilities: Capabilities = Capabilities()
-    max_concurrency: PositiveInt | None = None  # a queue of its own, inside the backend's
+    """What the model can do; routing sends a request only to targets that can do all it asks."""
+    max_concurrency: PositiveInt | None = None
+    """Requests this model runs at once; more wait in a queue of its own inside the backend's."""
     priors: LatencyPriors = LatencyPriors()
+    """Declared latency, used by routing until live statistics exist."""
 
 
 class Timeouts(FileModel):
     connect_s: PositiveFloat = 5.0
-    first_byte_s: PositiveFloat = 60.0  # request sent → response headers
+    """Seconds to open a connection to the backend."""
+    first_byte_s: PositiveFloat = 60.0
+    """Seconds from sending the request to the response headers; also the longest silence allowed
+    between two stream chunks."""
     total_s: PositiveFloat = 600.0
+    """Seconds the whole upstream call may take."""
 
 
 class LaunchSpec(FileModel):
     """Start a local_backend child process for this backend (`routegate serve` owns it)."""
 
-    model: str = "demo"  # `demo` or a Hugging Face checkpoint directory
+    model: str = "demo"
+    """`demo` (a small random-weight model written on first use) or a Hugging Face checkpoint
+    directory."""
     args: list[str] = []
+    """Extra command-line arguments for `python -m local_backend`."""
     startup_timeout_s: PositiveFloat = 120.0
+    """Seconds the child may take to answer `GET /health` before it is restarted."""
 
 
 class Backend(FileModel):
     type: Literal["openai", "anthropic"]
+    """The API the backend speaks: `openai` (OpenAI and every OpenAI-compatible server: vLLM,
+    SGLang, TGI, llama.cpp, local_backend) or `anthropic`."""
     # None only with `launch`: the gateway fills in the child's port
     url: str | None = Field(None, description=(
         "http(s)://host[:port][/path] of the backend's API. Credentials in it "
@@ -121,23 +154,42 @@ class Backend(FileModel):
         "secret goes in `api_key`, which is masked and sent as the backend's auth header."),
         json_schema_extra={"pattern": r"^(https?://|.*\$\{)"})  # editors only
     api_key: SecretStr | None = None
+    """Sent as the backend's auth header (Bearer, or x-api-key for Anthropic); never logged or
+    shown. Write `${VAR}` rather than the key itself."""
     ca_file: str | None = Field(None, description=(
         "PEM file of the CA certificates trusted for an https `url`, in place of the "
         "system's (a private CA); absolute, or relative to the gateway's working "
         "directory. The server's name is verified against its certificate either way."))
     deployment: Literal["shared", "dedicated"] = "shared"
+    """`shared`: a pay-per-token API; `dedicated`: capacity paid by the hour (`gpu_hour_usd`)."""
     region: str | None = None
+    """Where the backend runs (e.g. `eu-west-1`); compliance rules match it with glob patterns."""
     data_retention: Literal["zero", "standard"] | None = None
+    """Whether the provider keeps request data: `zero` or `standard`; rules can require `zero`.
+    Undeclared fails such rules closed."""
     gpu_hour_usd: NonNegativeFloat | None = None
+    """Hourly price of a dedicated backend in USD; routing spreads it over measured throughput to
+    cost a request."""
     max_concurrency: PositiveInt | None = None
+    """Requests the backend runs at once; more wait in the gateway's queue for it (priority, fair
+    share, deadlines). None: never queued."""
     max_connections: PositiveInt = 256
+    """Kept-alive connections the gateway holds to the backend at most."""
     timeouts: Timeouts = Timeouts()
+    """Connect, first-byte and total timeouts of each upstream call."""
     launch: LaunchSpec | None = None
+    """Start a local_backend child process for this backend; `routegate serve` owns it and fills in
+    its URL."""
     enabled: bool = True
+    """Off: the backend and its models are left out of routing and /v1/models. `${KEY:+true}`
+    switches it on only when KEY is set."""
     # how `POST /v1/responses` reaches it: translated to chat completions, or sent to its
     # own `/responses` as the client wrote it (OpenAI)
     responses: Literal["translate", "native"] = "translate"
+    """How `POST /v1/responses` reaches the backend: `translate` (to chat completions and back) or
+    `native` (sent to its own `/responses` as the client wrote it; `type: openai` only)."""
     models: dict[str, ModelSpec] = Field(min_length=1)
+    """The models this backend serves, by the name used in route targets (`backend/model`)."""
 
     @field_validator("url")
     @classmethod
@@ -182,29 +234,47 @@ class Backend(FileModel):
 
 class LatencyBudget(FileModel):
     ttft_ms: PositiveFloat | None = None
+    """Longest acceptable time to the first token, in ms; a request header may tighten it."""
     total_ms: PositiveFloat | None = None
+    """Longest acceptable time for the whole response, in ms; a request header may tighten it."""
 
 
 class Route(FileModel):
-    targets: list[Target] = Field(min_length=1)  # "backend/model", in preference order
+    targets: list[Target] = Field(min_length=1)
+    """`backend/model` names that may serve this route, in preference order."""
     objective: Literal["cheapest", "fastest"] = "cheapest"
+    """How candidates are ordered: `cheapest` (amortised cost) or `fastest` (predicted time)."""
     latency_budget: LatencyBudget = LatencyBudget()
+    """The time the route promises; candidates predicted to miss it are left out."""
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
-    expected_output_tokens: PositiveInt = 256  # until a running mean exists
-    limits: Limits | None = None  # per tenant on this route, inside the tenant's limits
-    cache: RouteCache | None = None  # None: answers on this route are never cached
+    """When no candidate fits the budget: `fastest` serves from the fastest anyway, `reject` answers
+    503."""
+    expected_output_tokens: PositiveInt = 256
+    """Completion length assumed for cost, limits and prediction until the route's running mean
+    exists."""
+    limits: Limits | None = None
+    """Requests and tokens per minute per tenant on this route, inside the tenant's own limits."""
+    cache: RouteCache | None = None
+    """Keep whole answers on this route and serve them again for identical requests; none: never
+    cached."""
 
 
 class RouteCache(FileModel):
     """Whole answers kept and served again for identical requests."""
 
     ttl_s: PositiveFloat = 300.0
-    max_entry_bytes: PositiveInt = 256 * 1024  # a larger answer is not kept
-    scope: Literal["tenant", "global"] = "tenant"  # global: one tenant reads another's
-    nondeterministic: bool = False  # also keep answers sampled with temperature > 0
+    """Seconds an answer is kept."""
+    max_entry_bytes: PositiveInt = 256 * 1024
+    """A larger answer is not kept."""
+    scope: Literal["tenant", "global"] = "tenant"
+    """`tenant`: each tenant reads only its own answers; `global`: one tenant may read another's."""
+    nondeterministic: bool = False
+    """Also keep answers sampled with temperature > 0."""
     # keep answers although `compliance.record_content` is off (the gateway then holds
     # prompts and completions, hashed and whole, for `ttl_s`)
     store_content: bool = False
+    """Keep answers although `compliance.record_content` is off (the gateway then holds prompts and
+    completions, hashed and whole, for `ttl_s`)."""
 
 
 PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
@@ -212,46 +282,65 @@ PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_add
 
 class PiiPolicy(FileModel):
     detect: list[PiiCategory] = []
+    """Categories of personal data to look for in prompts."""
     action: Literal["local_only", "redact", "block"] = "local_only"
+    """What a request carrying any of them gets: `local_only` (dedicated backends only), `redact`
+    (placeholders sent upstream) or `block` (403)."""
 
 
 class RuleWhen(FileModel):
     """When a rule applies: every non-empty condition must hold."""
 
-    tenant_tags: list[str] = []  # matches when the tenant has any of these tags
+    tenant_tags: list[str] = []
+    """The rule applies to tenants having any of these tags."""
     tenants: list[str] = []
+    """The rule applies to these tenants."""
     # Scoped to routes, a rule also holds for each of their targets asked for directly
     # by its `backend/model` name: what binds `chat` binds every target of `chat`,
     # however the request names it.
     routes: list[str] = []
+    """The rule applies to requests for these routes, and to their targets asked for directly."""
 
 
 class RuleRequire(FileModel):
-    regions: list[str] = []  # glob patterns: `eu-*`
+    regions: list[str] = []
+    """Backends must be in a region matching one of these glob patterns (`eu-*`)."""
     deployment: Literal["shared", "dedicated"] | None = None
+    """Backends must have this deployment (`shared` or `dedicated`)."""
     data_retention: Literal["zero", "standard"] | None = None
+    """Backends must declare this data retention (`zero` or `standard`)."""
 
 
 class ComplianceRule(FileModel):
     name: str
+    """Named in exclusion reasons, explain output and spans."""
     when: RuleWhen = RuleWhen()
+    """Which requests the rule applies to (every condition given must hold); empty: all."""
     require: RuleRequire
+    """What a backend must satisfy to serve those requests."""
 
 
 class Compliance(FileModel):
     pii: PiiPolicy = PiiPolicy()
+    """Personal-data detection and what it does to routing."""
     rules: list[ComplianceRule] = []
-    record_content: bool = False  # prompt and completion text on traced root spans (never logs)
+    """Requirements on backends for some tenants or routes (fail-closed)."""
+    record_content: bool = False
+    """Record prompt and completion text on traced root spans (never in logs)."""
 
 
 class Limits(FileModel):
     requests_per_minute: PositiveInt | None = None
+    """Requests admitted in any 60 s; none: unlimited."""
     tokens_per_minute: PositiveInt | None = None
+    """Prompt plus expected completion tokens admitted in any 60 s; none: unlimited."""
 
 
 class Budget(FileModel):
     usd_per_day: NonNegativeFloat | None = None
+    """Spend allowed per UTC day in USD; past it requests get 429 `budget_exceeded`."""
     usd_per_month: NonNegativeFloat | None = None
+    """Spend allowed per UTC month in USD."""
 
 
 Priority = Literal["high", "normal", "low"]
@@ -264,37 +353,60 @@ class KeyAccess(FileModel):
     """One API key's access, in place of its tenant's (a field left out: the tenant's)."""
 
     allow: list[ModelGlob] | None = None
+    """Route names (globs) this key may ask for, in place of its tenant's."""
     allow_targets: list[ModelGlob] | None = None
+    """`backend/model` names (globs) this key may ask for directly, in place of its tenant's."""
 
 
 class Tenant(FileModel):
     api_keys: list[KeyHash] = []
+    """SHA-256 hashes of the tenant's keys (`sha256:<64 hex>`, from `routegate keys new`), never the
+    keys."""
     # What its callers may ask for by name; anything else is a 404 `model_not_found`, and
     # `/v1/models` lists only what they may use. None: `defaults.allow` /
     # `defaults.allow_targets`. `allow` matches route names; `allow_targets` matches
     # `backend/model` names asked for directly, past every route.
     allow: list[ModelGlob] | None = None
+    """Route names (globs: `chat*`) its callers may ask for; anything else is a 404 and is left out
+    of /v1/models. None: `defaults.allow`."""
     allow_targets: list[ModelGlob] | None = None
-    key_access: dict[KeyHash, KeyAccess] = {}  # per key (one of `api_keys`), overriding
+    """`backend/model` names (globs) its callers may ask for directly, past every route. None:
+    `defaults.allow_targets`."""
+    key_access: dict[KeyHash, KeyAccess] = {}
+    """Access of single keys (by hash, one of `api_keys`), overriding the tenant's."""
     tags: list[str] = []
+    """Labels compliance rules match (`eu`, `premium`)."""
     priority: Priority = "normal"
-    limits: Limits | None = None  # None: `defaults.limits`
-    key_limits: Limits | None = None  # per API key, inside the tenant's limits
+    """Queue band: `high` is served first, `low` is shed first."""
+    limits: Limits | None = None
+    """Requests and tokens per minute for the tenant; none: `defaults.limits`."""
+    key_limits: Limits | None = None
+    """Requests and tokens per minute for each of its keys, inside the tenant's limits."""
     budget: Budget = Budget()
-    queue_weight: PositiveFloat = 1.0  # fair share against other tenants of its priority
-    routes: dict[str, str] = {}  # asked-for route → the route that serves this tenant
+    """Daily and monthly spend limits."""
+    queue_weight: PositiveFloat = 1.0
+    """Share of queue slots against other tenants of the same priority (2: twice the share)."""
+    routes: dict[str, str] = {}
+    """Route overrides: the route a client asks for → the route that serves this tenant (`chat:
+    chat-fast`)."""
 
 
 class AnonymousAccess(FileModel):
     enabled: bool = False
+    """Serve callers without a known key as the anonymous tenant."""
     tenant: str = "anonymous"
+    """The tenant name anonymous callers are served as (limits, budgets, rules)."""
     loopback_only: bool = True
-    reject_unknown_keys: bool = False  # a presented key the policy does not know: 401
+    """Only callers on the gateway's own machine may be anonymous."""
+    reject_unknown_keys: bool = False
+    """A caller presenting a key the policy does not know gets 401 instead of anonymous service."""
 
 
 class Auth(FileModel):
     anonymous: AnonymousAccess = AnonymousAccess()
-    admin_keys: list[KeyHash] = []  # sha256 hashes, like tenant keys
+    """Access without a known API key."""
+    admin_keys: list[KeyHash] = []
+    """SHA-256 hashes of the keys that may use `/admin/*` (and the dashboard's data)."""
 
 
 class Drain(FileModel):
@@ -304,20 +416,30 @@ class Drain(FileModel):
     still running then ends with an error event. A second SIGTERM cuts it short."""
 
     announce_s: NonNegativeFloat = 5.0
+    """Seconds new connections are still served after SIGTERM while `/readyz` says 503."""
     timeout_s: NonNegativeFloat = 30.0
+    """Seconds requests in flight get to finish once the listener has closed."""
 
 
 class ServerSettings(FileModel):
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    """Largest request body accepted; larger ones get 413."""
     drain: Drain = Drain()
+    """What SIGTERM does before the process exits."""
 
 
 class LimitStore(FileModel):
     # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name
     store: str = Field("memory", json_schema_extra={  # editors only: `_store_known` checks
         "pattern": r"^(memory$|rediss?://|unix://|redis\+(cluster|sentinel)://)"})
+    """Where limits and spend are counted: `memory` (this process), a `redis://` URL shared by every
+    replica, `redis+cluster://NODE,…` or `redis+sentinel://SENTINEL,…/SERVICE`.
+    `ROUTEGATE_REDIS_URL` overrides it. Read at start-up."""
     on_store_error: Literal["fail_open", "fail_closed"] = "fail_open"
-    replicas: PositiveInt = 1  # fail-open share: each replica allows limit / replicas
+    """When Redis is unreachable: `fail_open` decides locally with this replica's share,
+    `fail_closed` answers 503."""
+    replicas: PositiveInt = 1
+    """Gateway replicas sharing the limits; each allows limit / replicas while Redis is down."""
 
     @field_validator("store")
     @classmethod
@@ -333,7 +455,9 @@ class SharedState(FileModel):
     """State every replica and worker should see: `memory` (this process only) or Redis."""
 
     store: str = Field("memory", json_schema_extra={"pattern": r"^(memory$|rediss?://|unix://)"})
-    max_memory_bytes: PositiveInt = 64 * 1024 * 1024  # the `memory` store's bound
+    """`memory` (this process only) or a `redis://` URL every replica and worker shares."""
+    max_memory_bytes: PositiveInt = 64 * 1024 * 1024
+    """The most the `memory` store holds."""
 
     @field_validator("store")
     @classmethod
@@ -345,26 +469,43 @@ class ResponsesState(SharedState):
     """Responses kept for `GET /v1/responses/{id}` and `previous_response_id`."""
 
     ttl_s: PositiveFloat = 86_400.0
+    """Seconds a response is kept for `GET /v1/responses/{id}` and `previous_response_id`."""
 
 
 class Defaults(FileModel):
     limits: Limits = Limits(requests_per_minute=60, tokens_per_minute=50_000)
+    """Limits of tenants that set none."""
     priority: Priority = "normal"
+    """Queue band of tenants that set none."""
     # Access of a tenant that sets none (and of anonymous callers): every route, and no
     # target by its direct `backend/model` name (that would skip the route's rules).
     allow: list[ModelGlob] = ["*"]
+    """Route names (globs) a tenant that sets none, and anonymous callers, may ask for."""
     allow_targets: list[ModelGlob] = []
+    """`backend/model` names (globs) they may ask for directly (none by default: that would skip the
+    route's rules)."""
 
 
 class PolicyFile(FileModel):
     version: Literal[1]
+    """The policy file format: 1."""
     backends: dict[str, Backend] = Field(min_length=1)
+    """Where requests can run, by name."""
     routes: dict[str, Route] = {}
+    """The `model` names clients ask for, and who may serve them."""
     compliance: Compliance = Compliance()
+    """Personal-data handling and rules on where requests may run."""
     tenants: dict[str, Tenant] = {}
+    """Callers, by name: keys, tags, priority, limits, budgets."""
     defaults: Defaults = Defaults()
+    """What tenants without their own settings get."""
     auth: Auth = Auth()
+    """Anonymous access and admin keys."""
     server: ServerSettings = ServerSettings()
+    """Request size and shutdown behaviour."""
     limits: LimitStore = LimitStore()
+    """Where rate limits and spend are counted."""
     responses: ResponsesState = ResponsesState()
-    response_cache: SharedState = SharedState()  # where routes' `cache:` answers are kept
+    """Where responses are kept for `GET /v1/responses/{id}` and `previous_response_id`."""
+    response_cache: SharedState = SharedState()
+    """Where the answers of routes with `cache:` are kept."""

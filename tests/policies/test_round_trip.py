@@ -6,12 +6,15 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import PolicyFile, build, dump, hash_key, loads
 from policies.json_schema import SCHEMA_PATH, policy_json_schema
+from policies.reference_doc import render as render_reference
+from policies.schema import Backend, Route, Tenant
 
 NAMES = st.from_regex(r"[a-z][a-z0-9_\-]{0,8}", fullmatch=True)
 PRICES = st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=False)
@@ -171,3 +174,33 @@ def test_json_schema_refuses_what_the_loader_refuses_in_backend_urls_and_limit_s
     assert all(_string_allowed(store, value) for value in (
         "memory", "redis://127.0.0.1:6379/0", "unix:///run/redis.sock", "${REDIS_URL}"))
     assert not any(_string_allowed(store, value) for value in ("mysql://db", "memoryx"))
+
+
+def _fields_without_description(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, list):
+        return [p for item in node for p in _fields_without_description(item, path)]
+    if not isinstance(node, dict):
+        return []
+    missing = [f"{path}.{name}" for name, spec in node.get("properties", {}).items()
+               if not spec.get("description")]
+    for key, value in node.items():
+        missing += _fields_without_description(value, f"{path}/{key}")
+    return missing
+
+
+def test_every_field_of_the_json_schema_has_a_description_for_editors() -> None:
+    assert _fields_without_description(policy_json_schema()) == []
+
+
+def test_committed_policy_reference_is_current() -> None:
+    # regenerate with `routegate policy reference > docs/policy.md`
+    reference = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
+    assert reference.read_text() == render_reference()
+
+
+def test_policy_reference_documents_every_field() -> None:
+    text = render_reference()
+    for name, model in (("Backend", Backend), ("Tenant", Tenant), ("Route", Route)):
+        section = text.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+        for field in model.model_fields:
+            assert f"| `{field}` |" in section, (name, field)
