@@ -33,6 +33,7 @@ from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
 from gateway.telemetry.service import Telemetry
+from gateway.telemetry.state_metrics import StateCollector
 from gateway.upstream.connect_probe import READINESS, ConnectProbe
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.tls import warm as warm_tls
@@ -84,6 +85,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     install_telemetry(app, hooks.telemetry, live)  # GET /metrics, GET /dashboard; flush at exit
+    # backend states and the policy version, read when /metrics is scraped
+    hooks.telemetry.metrics.registry.register(StateCollector(live, pool))
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     routing = install_routing(app, hooks, live=live, pool=pool)
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do

@@ -426,6 +426,8 @@ class ServerSettings(FileModel):
     """Largest request body accepted; larger ones get 413."""
     drain: Drain = Drain()
     """What SIGTERM does before the process exits."""
+    metrics_auth: bool = False
+    """`GET /metrics` answers only to a key listed in `auth.admin_keys`."""
 
 
 class LimitStore(FileModel):

@@ -1,14 +1,20 @@
-"""`GET /metrics`: the Prometheus exposition of `GatewayMetrics`."""
+"""`GET /metrics`: the Prometheus exposition of `GatewayMetrics`; behind an admin key
+when the policy sets `server.metrics_auth`."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.auth import require_admin
+from gateway.live_policy import LivePolicy
 from gateway.telemetry.metrics import GatewayMetrics
 
 
-def metrics_route(metrics: GatewayMetrics, path: str = "/metrics") -> web.RouteDef:
+def metrics_route(metrics: GatewayMetrics, path: str = "/metrics", *,
+                  policy: LivePolicy | None = None) -> web.RouteDef:
     async def exposition(request: web.Request) -> web.Response:
+        if policy is not None and policy.current.file.server.metrics_auth:
+            require_admin(request, policy.current)
         # Rendered on the loop's thread, the one that updates the series (no locks).
         body, content_type = metrics.render()
         response = web.Response(body=body)

@@ -23,7 +23,7 @@ TELEMETRY = web.AppKey("routegate.telemetry", Telemetry)
 def install_telemetry(app: web.Application, telemetry: Telemetry,
                       policy: LivePolicy | None = None) -> None:
     app[TELEMETRY] = telemetry
-    app.router.add_routes([metrics_route(telemetry.metrics),
+    app.router.add_routes([metrics_route(telemetry.metrics, policy=policy),
                            *dashboard_routes(telemetry.live, policy=policy)])
     app.cleanup_ctx.append(_flush_at_shutdown)
 

@@ -31,6 +31,7 @@ from gateway.telemetry.timing import TimingSplit
 
 NAMESPACE = "routegate"
 OTHER = "other"
+NONE = "none"  # the label of what a request never had: a route, a backend, a tenant
 
 # Seconds. Gateway overhead is sub-millisecond to a few ms; model calls run to minutes.
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -74,11 +75,12 @@ class _RequestChildren:
     duration: HistogramSeries
     requests: CounterSeries
     overhead: HistogramSeries
+    # None for a request no backend took: no series with an empty `backend` label
     queue: HistogramSeries | None
-    first_byte: HistogramSeries
-    ttft: HistogramSeries
-    inter_token: HistogramSeries
-    inference: HistogramSeries
+    first_byte: HistogramSeries | None
+    ttft: HistogramSeries | None
+    inter_token: HistogramSeries | None
+    inference: HistogramSeries | None
     tokens_in: CounterSeries
     tokens_out: CounterSeries
     spend: CounterSeries
@@ -207,13 +209,13 @@ class GatewayMetrics:
         c.overhead.observe(split.gw_ms / 1000.0)
         if c.queue is not None:
             c.queue.observe(split.queue_ms / 1000.0)
-        if split.upstream_first_byte_ms is not None:
+        if split.upstream_first_byte_ms is not None and c.first_byte is not None:
             c.first_byte.observe(split.upstream_first_byte_ms / 1000.0)
-        if split.ttft_ms is not None:
+        if split.ttft_ms is not None and c.ttft is not None:
             c.ttft.observe(split.ttft_ms / 1000.0)
-        if split.inter_token_ms is not None:
+        if split.inter_token_ms is not None and c.inter_token is not None:
             c.inter_token.observe(split.inter_token_ms / 1000.0)
-        if split.inference_ms is not None:
+        if split.inference_ms is not None and c.inference is not None:
             c.inference.observe(split.inference_ms / 1000.0)
         if input_tokens:
             c.tokens_in.inc(input_tokens)
@@ -234,19 +236,20 @@ class GatewayMetrics:
             if len(self._children) >= MAX_CACHED_COMBINATIONS:
                 self._children.clear()  # bounded; the series themselves stay in their family
             g = self.label
+            served = bool(backend)
             route, backend, model, tenant = (
-                g("route", route), g("backend", backend), g("model", model), g("tenant", tenant)
-            )
+                g("route", route or NONE), g("backend", backend or NONE),
+                g("model", model or NONE), g("tenant", tenant or NONE))
             code = str(status)
             children = self._children[key] = _RequestChildren(
                 duration=self.request_duration.labels(route, backend, model, tenant, code),
                 requests=self.requests.labels(route, backend, model, tenant, code),
                 overhead=self.gateway_overhead.labels(route, backend),
-                queue=self.queue_wait.labels(backend, g("priority", priority)) if backend else None,
-                first_byte=self.upstream_first_byte.labels(backend, model),
-                ttft=self.ttft.labels(route, backend, model),
-                inter_token=self.inter_token.labels(backend, model),
-                inference=self.inference.labels(backend, model),
+                queue=self.queue_wait.labels(backend, g("priority", priority)) if served else None,
+                first_byte=self.upstream_first_byte.labels(backend, model) if served else None,
+                ttft=self.ttft.labels(route, backend, model) if served else None,
+                inter_token=self.inter_token.labels(backend, model) if served else None,
+                inference=self.inference.labels(backend, model) if served else None,
                 tokens_in=self.tokens.labels(route, backend, model, tenant, "input"),
                 tokens_out=self.tokens.labels(route, backend, model, tenant, "output"),
                 spend=self.spend.labels(route, backend, model, tenant),
@@ -277,10 +280,10 @@ class GatewayMetrics:
             self._spans_dropped_seen = dropped_so_far
 
     def observe_rejection(self, tenant: str, limit: str) -> None:
-        self.rate_limited.labels(self.label("tenant", tenant), limit).inc()
+        self.rate_limited.labels(self.label("tenant", tenant or NONE), limit).inc()
 
     def observe_shed(self, backend: str, priority: str) -> None:
-        self.shed.labels(self.label("backend", backend), priority).inc()
+        self.shed.labels(self.label("backend", backend or NONE), priority).inc()
 
     def observe_decision(self, route: str, backend: str, reason: str) -> None:
         key = (route, backend, reason)

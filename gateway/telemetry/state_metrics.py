@@ -1,0 +1,68 @@
+"""Prometheus view of what the gateway runs with, read at scrape time.
+
+    routegate_backend_state{backend, state}        1 for the backend's state, 0 for the others
+    routegate_policy_info{version, source}         1: the running policy's version hash
+    routegate_policy_loaded_timestamp_seconds      when that policy was loaded (Unix time)
+
+A backend is `ready` (requests can be sent to it), `starting` (a launched local
+backend not answering yet), `down` (a URL it cannot use) or `disabled` (switched off
+in the policy). An alert on `routegate_backend_state{state="ready"} == 0` sees a
+backend fall out; a changed `version` label shows a reload took effect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.live_policy import LivePolicy
+from gateway.upstream.pool import UpstreamPool
+from policies.load import Policy
+
+STATES = ("ready", "starting", "down", "disabled")
+
+
+class StateCollector(Collector):
+    def __init__(self, live: LivePolicy, pool: UpstreamPool, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.live = live
+        self.pool = pool
+        self._clock = clock
+        self.loaded_at = clock()
+        live.on_swap(self._swapped)
+
+    def _swapped(self, policy: Policy) -> None:
+        self.loaded_at = self._clock()
+
+    def states(self, policy: Policy) -> dict[str, str]:
+        report = self.pool.status(policy)
+        states = {}
+        for name, backend in policy.file.backends.items():
+            if not backend.enabled:
+                states[name] = "disabled"
+            elif report.get(name) == "ready":
+                states[name] = "ready"
+            else:
+                states[name] = "starting" if backend.launch is not None else "down"
+        return states
+
+    def collect(self) -> Iterator[Metric]:
+        policy = self.live.current
+        state = GaugeMetricFamily(
+            "routegate_backend_state",
+            "1 for each backend's state (ready | starting | down | disabled), 0 for the others.",
+            labels=["backend", "state"])
+        for name, current in self.states(policy).items():
+            for candidate in STATES:
+                state.add_metric([name, candidate], 1 if candidate == current else 0)
+        yield state
+        info = GaugeMetricFamily("routegate_policy_info", "The running policy (always 1).",
+                                 labels=["version", "source"])
+        info.add_metric([policy.version_hash or "none", policy.source], 1)
+        yield info
+        yield GaugeMetricFamily("routegate_policy_loaded_timestamp_seconds",
+                                "When the running policy was loaded (Unix time).",
+                                value=self.loaded_at)
