@@ -15,7 +15,25 @@ function setupCanvas(canvas) {
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, w, h);
   ctx.font = "12px system-ui, sans-serif";
+  canvas.dataset.shortened = 0;
+  canvas.dataset.clipped = 0;
   return { ctx, w, h };
+}
+
+// Text drawn into a slot `max` px wide: shortened with an ellipsis rather than drawn
+// over its neighbours or past the edge. Each canvas counts what it had to shorten
+// (`data-shortened`) and what still does not fit (`data-clipped`, always 0).
+function fitText(ctx, text, max) {
+  text = String(text);
+  if (ctx.measureText(text).width <= max) return text;
+  ctx.canvas.dataset.shortened = Number(ctx.canvas.dataset.shortened || 0) + 1;
+  let cut = text;
+  while (cut.length > 1 && ctx.measureText(cut + "…").width > max) cut = cut.slice(0, -1);
+  const fitted = cut + "…";
+  if (ctx.measureText(fitted).width > max) {
+    ctx.canvas.dataset.clipped = Number(ctx.canvas.dataset.clipped || 0) + 1;
+  }
+  return fitted;
 }
 
 function emptyNote(ctx, w, h, text) {
@@ -31,14 +49,15 @@ function niceMax(value) {
   return 10 * p;
 }
 
-function axes(ctx, w, h, max, pad) {
+function axes(ctx, w, h, max, pad, unit) {
   ctx.strokeStyle = css("--grid");
   ctx.fillStyle = css("--dim");
   ctx.textAlign = "right";
   for (let i = 0; i <= 4; i++) {
     const y = pad.top + (h - pad.top - pad.bottom) * (1 - i / 4);
     ctx.beginPath(); ctx.moveTo(pad.left, y); ctx.lineTo(w - pad.right, y); ctx.stroke();
-    ctx.fillText(formatNumber(max * i / 4), pad.left - 6, y + 4);
+    const label = formatNumber(max * i / 4) + (i === 4 ? ` ${unit}` : "");
+    ctx.fillText(fitText(ctx, label, pad.left - 8), pad.left - 6, y + 4);
   }
 }
 
@@ -53,7 +72,7 @@ function formatNumber(v) {
 // Grouped bars: for each group (backend), one bar per series at p50 with a p95 tick.
 function groupedBars(canvas, groups, series) {
   const { ctx, w, h } = setupCanvas(canvas);
-  const pad = { top: 10, right: 10, bottom: 28, left: 48 };
+  const pad = { top: 10, right: 10, bottom: 28, left: 64 };
   let points = 0, max = 0;
   for (const g of groups) for (const s of series) {
     const v = g.values[s.key];
@@ -62,7 +81,7 @@ function groupedBars(canvas, groups, series) {
   }
   if (!groups.length) { emptyNote(ctx, w, h, "no traffic yet"); canvas.dataset.points = 0; return; }
   max = niceMax(max);
-  axes(ctx, w, h, max, pad);
+  axes(ctx, w, h, max, pad, "ms");
   const plotW = w - pad.left - pad.right, plotH = h - pad.top - pad.bottom;
   const groupW = plotW / groups.length;
   const barW = Math.min(40, (groupW * 0.7) / series.length);
@@ -88,18 +107,28 @@ function groupedBars(canvas, groups, series) {
       }
     });
     ctx.fillStyle = css("--ink"); ctx.textAlign = "center";
-    ctx.fillText(g.name, pad.left + gi * groupW + groupW / 2, h - 8);
+    ctx.fillText(fitText(ctx, g.name, groupW - 6), pad.left + gi * groupW + groupW / 2, h - 8);
   });
   canvas.dataset.points = points;
 }
 
 function rateChart(canvas, rate) {
   const { ctx, w, h } = setupCanvas(canvas);
-  const pad = { top: 10, right: 10, bottom: 20, left: 48 };
+  const pad = { top: 10, right: 16, bottom: 24, left: 64 };
   const max = niceMax(Math.max(...rate, 0));
-  axes(ctx, w, h, max, pad);
+  axes(ctx, w, h, max, pad, "req/s");
   const plotW = w - pad.left - pad.right, plotH = h - pad.top - pad.bottom;
   const step = plotW / Math.max(rate.length - 1, 1);
+  // the time axis: seconds before now, the newest bucket at the right edge
+  ctx.fillStyle = css("--dim");
+  const ticks = [];
+  for (let i = 0; i <= 4; i++) {
+    const ago = Math.round(rate.length * (1 - i / 4));
+    ticks.push(ago ? `−${ago} s` : "now");
+    ctx.textAlign = i === 0 ? "left" : i === 4 ? "right" : "center";
+    ctx.fillText(fitText(ctx, ticks[i], plotW / 4 - 4), pad.left + plotW * i / 4, h - 6);
+  }
+  canvas.dataset.timeAxis = ticks.join(" | ");
   ctx.strokeStyle = css("--e2e"); ctx.lineWidth = 2; ctx.beginPath();
   rate.forEach((v, i) => {
     const x = pad.left + i * step, y = pad.top + plotH * (1 - v / max);
@@ -117,24 +146,35 @@ function shareChart(canvas, share) {
   const palette = ["--e2e", "--inf", "--p95", "--bad", "--dim"];
   const barH = Math.min(28, (h - 10) / entries.length - 6);
   entries.forEach(([name, n], i) => {
-    const y = 5 + i * (barH + 6), width = (w - 160) * n / total;
+    const y = 5 + i * (barH + 6), width = (w - 200) * n / total;
     ctx.fillStyle = css(palette[i % palette.length]);
     ctx.fillRect(100, y, width, barH);
     ctx.fillStyle = css("--ink"); ctx.textAlign = "right";
-    ctx.fillText(name, 92, y + barH / 2 + 4);
+    ctx.fillText(fitText(ctx, name, 90), 92, y + barH / 2 + 4);
     ctx.textAlign = "left";
-    ctx.fillText(`${(100 * n / total).toFixed(0)}% (${n})`, 106 + width, y + barH / 2 + 4);
+    ctx.fillText(fitText(ctx, `${(100 * n / total).toFixed(0)}% (${n})`, w - 110 - width),
+                 106 + width, y + barH / 2 + 4);
   });
   canvas.dataset.points = entries.length;
 }
 
 function fillTable(id, rows) {
   const body = document.querySelector(`#${id} tbody`);
+  if (!rows.length) {  // an empty table says so rather than showing a bare header
+    const tr = document.createElement("tr"), td = document.createElement("td");
+    td.colSpan = document.querySelectorAll(`#${id} thead th`).length;
+    td.className = "none";
+    td.textContent = "none";
+    tr.appendChild(td);
+    body.replaceChildren(tr);
+    return;
+  }
   body.replaceChildren(...rows.map((cells) => {
     const tr = document.createElement("tr");
     for (const cell of cells) {
       const td = document.createElement("td");
       td.textContent = cell;  // textContent: names come from the policy, never as HTML
+      if (!tr.childElementCount) td.title = cell;  // the whole name, however it is shown
       tr.appendChild(td);
     }
     return tr;
@@ -156,11 +196,26 @@ function render(data) {
   fillTable("reasons", Object.entries(data.reasons).sort((a, b) => b[1] - a[1]));
   fillTable("rejections", Object.entries(data.rejections).sort((a, b) => b[1] - a[1]));
   fillTable("cache", Object.entries(data.cache || {}).sort((a, b) => b[1] - a[1]));
-  fillTable("backends", groups.map((g) =>
-    [g.name, g.values.requests, g.values.errors, g.values.spend_usd.toFixed(4)]));
+  // every backend of the policy, with or without traffic in the window
+  const health = data.health || {};
+  const names = [...new Set([...Object.keys(health), ...Object.keys(data.backends)])].sort();
+  fillTable("backends", names.map((name) => {
+    const b = data.backends[name], s = health[name] || {}, c = (b && b.status_classes) || {};
+    return [name, s.state || "–", s.in_flight ?? "–", s.queue_depth ?? "–",
+      b ? b.requests : 0, c["2xx"] || 0, c["4xx"] || 0, c["5xx"] || 0,
+      b ? `${(100 * b.error_rate).toFixed(1)}%` : "–", b ? b.spend_usd.toFixed(4) : "0.0000"];
+  }));
+  const policy = data.policy;
+  document.getElementById("policy").textContent = policy
+    ? `policy ${policy.version || "(embedded)"} · loaded ${
+      new Date(policy.loaded_at * 1000).toLocaleTimeString()}`
+    : "";
   document.getElementById("spend").textContent = "$" + data.spend_usd.toFixed(4);
   document.getElementById("status").textContent =
     `${data.requests} requests in the last ${data.window_s} s · updated ${new Date().toLocaleTimeString()}`;
+  // a panel wider than its box hides text behind a scroll bar: counted, for the tests
+  document.body.dataset.overflowing = [...document.querySelectorAll("section")]
+    .filter((section) => section.scrollWidth > section.clientWidth + 1).length;
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered) + 1);
 }
 

@@ -11,7 +11,9 @@ served to an admin key only. The page takes the key from its URL fragment
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -28,7 +30,11 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 
 def dashboard_routes(live: LiveStats, *, policy: LivePolicy | None = None,
+                     state: Callable[[], dict[str, Any]] | None = None,
                      prefix: str = "/dashboard") -> list[web.RouteDef]:
+    """`state`: more for the data beside the traffic window (the running policy, each
+    backend's health, in-flight and queued requests)."""
+
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=_PAGE, content_type="text/html", charset="utf-8")
 
@@ -38,7 +44,10 @@ def dashboard_routes(live: LiveStats, *, policy: LivePolicy | None = None,
     async def data(request: web.Request) -> web.Response:
         if policy is not None and policy.current.admin_key_hashes:
             require_admin(request, policy.current)
-        return web.Response(body=orjson.dumps(live.snapshot()), content_type="application/json",
+        data = live.snapshot()
+        if state is not None:
+            data.update(state())
+        return web.Response(body=orjson.dumps(data), content_type="application/json",
                             headers=_NO_STORE)
 
     return [

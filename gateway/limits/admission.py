@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.context import RequestContext
-from gateway.limits.ledger import cost_micros
+from gateway.limits.ledger import MICROS_PER_USD, cost_micros
 from gateway.limits.limiter import Limiter, Ticket
 from gateway.limits.store import Charge
 from routing.tokens import TokenCounter
@@ -116,3 +116,6 @@ class LimitsAdmission:
         ctx.cost_micros = cost
         await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
                                   charge=Charge(input_tokens, output_tokens, cost))
+        # the ledger's figure is the request's cost everywhere: metrics, access log,
+        # dashboard (a dedicated backend's amortised price included)
+        ctx.telemetry.cost(cost / MICROS_PER_USD)

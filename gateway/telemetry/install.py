@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator
-from typing import TextIO
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TextIO
 
 from aiohttp import web
 
@@ -21,10 +21,12 @@ TELEMETRY = web.AppKey("routegate.telemetry", Telemetry)
 
 
 def install_telemetry(app: web.Application, telemetry: Telemetry,
-                      policy: LivePolicy | None = None) -> None:
+                      policy: LivePolicy | None = None, *,
+                      state: Callable[[], dict[str, Any]] | None = None) -> None:
+    """`state`: what the dashboard shows beside the traffic (policy, backend health)."""
     app[TELEMETRY] = telemetry
     app.router.add_routes([metrics_route(telemetry.metrics, policy=policy),
-                           *dashboard_routes(telemetry.live, policy=policy)])
+                           *dashboard_routes(telemetry.live, policy=policy, state=state)])
     app.cleanup_ctx.append(_flush_at_shutdown)
 
 

@@ -90,15 +90,22 @@ class LiveStats:
         backends: dict[str, dict[str, Any]] = {}
         for name in sorted({s.backend for s in routed}):
             mine = [s for s in samples if s.backend == name]
-            inference = [s.inference_ms for s in mine if s.inference_ms is not None]
-            ttft = [s.ttft_ms for s in mine if s.ttft_ms is not None]
+            # latency of the answers only: a fast failure is not a fast request, and
+            # would pull e2e below the inference time it never had
+            served = [s for s in mine if s.status < 400]
+            inference = [s.inference_ms for s in served if s.inference_ms is not None]
+            ttft = [s.ttft_ms for s in served if s.ttft_ms is not None]
+            classes = Counter(f"{s.status // 100}xx" for s in mine)
+            errors = sum(1 for s in mine if s.status >= 500)
             backends[name] = {
                 "requests": len(mine),
-                "errors": sum(1 for s in mine if s.status >= 500),
-                "e2e_ms": _p50_p95([s.total_ms for s in mine]),
+                "errors": errors,
+                "error_rate": round(errors / len(mine), 4),
+                "status_classes": dict(sorted(classes.items())),
+                "e2e_ms": _p50_p95([s.total_ms for s in served]),
                 "inference_ms": _p50_p95(inference),
                 "inference_reported": len(inference),
-                "queue_ms": _p50_p95([s.queue_ms for s in mine]),
+                "queue_ms": _p50_p95([s.queue_ms for s in served]),
                 "ttft_ms": _p50_p95(ttft),
                 "spend_usd": round(sum(s.cost_usd for s in mine), 6),
             }

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.live_policy import LivePolicy
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 
@@ -26,10 +28,11 @@ STATES = ("ready", "starting", "down", "disabled")
 
 
 class StateCollector(Collector):
-    def __init__(self, live: LivePolicy, pool: UpstreamPool, *,
+    def __init__(self, live: LivePolicy, pool: UpstreamPool, metrics: GatewayMetrics, *,
                  clock: Callable[[], float] = time.time) -> None:
         self.live = live
         self.pool = pool
+        self.metrics = metrics
         self._clock = clock
         self.loaded_at = clock()
         live.on_swap(self._swapped)
@@ -48,6 +51,21 @@ class StateCollector(Collector):
             else:
                 states[name] = "starting" if backend.launch is not None else "down"
         return states
+
+    def dashboard(self) -> dict[str, Any]:
+        """The dashboard's view of the same: the policy, and each backend's state with
+        its requests in flight and waiting in the gateway's queue."""
+        policy = self.live.current
+        in_flight, queued = self.metrics.in_flight.series, self.metrics.queue_depth.series
+        health = {}
+        for name, state in self.states(policy).items():
+            flying, waiting = in_flight.get((name,)), queued.get((name,))
+            health[name] = {"state": state,
+                            "in_flight": int(flying.value) if flying is not None else 0,
+                            "queue_depth": int(waiting.value) if waiting is not None else 0}
+        return {"policy": {"version": policy.version_hash or None, "source": policy.source,
+                           "loaded_at": self.loaded_at},
+                "health": health}
 
     def collect(self) -> Iterator[Metric]:
         policy = self.live.current
