@@ -85,10 +85,10 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     # backend states and the policy version, read when /metrics or the dashboard is read
-    state = StateCollector(live, pool, hooks.telemetry.metrics)
-    hooks.telemetry.metrics.registry.register(state)
+    gateway_state = StateCollector(live, pool, hooks.telemetry.metrics)
+    hooks.telemetry.metrics.registry.register(gateway_state)
     # GET /metrics, GET /dashboard; flush at exit
-    install_telemetry(app, hooks.telemetry, live, state=state.dashboard)
+    install_telemetry(app, hooks.telemetry, live, state=gateway_state.dashboard)
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     routing = install_routing(app, hooks, live=live, pool=pool)
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do
