@@ -172,9 +172,8 @@ class UpstreamClientError(GatewayError):
     type = "invalid_request_error"
     code = "upstream_rejected"
 
-    def __init__(self, status: int, message: str, *, detail: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message, detail=detail, code=code)
+    def __init__(self, status: int, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
         self.status = status  # type: ignore[misc]
 
 

@@ -27,6 +27,7 @@ from gateway.api.responses_output import EventEncoder, Shell, new_id, response_o
 from gateway.api.responses_request import chat_request, input_items, invalid, untranslatable
 from gateway.api.responses_state import StoredResponses
 from gateway.api.validate import check_chat
+from gateway.auth import TENANT_HEADER
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import BadRequest, NotFound, UpstreamError
 from gateway.whole_response import WholeResponse
@@ -169,19 +170,24 @@ def _tenant(request: web.Request) -> str:
 
 async def get_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    found = await request.app[RESPONSES_STATE].load(_tenant(request), response_id)
+    tenant = _tenant(request)
+    named = {TENANT_HEADER: tenant}
+    found = await request.app[RESPONSES_STATE].load(tenant, response_id)
     if found is None:
-        raise NotFound(f"Response with id '{response_id}' not found.")
-    return web.Response(body=orjson.dumps(found[0]), content_type="application/json")
+        raise NotFound(f"Response with id '{response_id}' not found.", headers=named)
+    return web.Response(body=orjson.dumps(found[0]), content_type="application/json",
+                        headers=named)
 
 
 async def delete_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    if not await request.app[RESPONSES_STATE].delete(_tenant(request), response_id):
-        raise NotFound(f"Response with id '{response_id}' not found.")
+    tenant = _tenant(request)
+    named = {TENANT_HEADER: tenant}
+    if not await request.app[RESPONSES_STATE].delete(tenant, response_id):
+        raise NotFound(f"Response with id '{response_id}' not found.", headers=named)
     return web.Response(body=orjson.dumps({"id": response_id, "object": "response",
                                            "deleted": True}),
-                        content_type="application/json")
+                        content_type="application/json", headers=named)
 
 
 def add_routes(app: web.Application, stored: StoredResponses) -> None:

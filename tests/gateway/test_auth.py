@@ -142,9 +142,11 @@ async def test_every_response_names_the_tenant_it_was_served_as(
     status, headers, _ = await _call(gateway.url, {"Authorization": "Bearer acme-key"},
                                      {"model": "nope", "messages": []})
     assert status in (400, 404) and headers["x-routegate-tenant"] == "acme"
-    async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/v1/models", headers={"Authorization": "Bearer acme-key"}) as models:
-        assert models.headers["x-routegate-tenant"] == "acme"
+    async with aiohttp.ClientSession() as session:
+        for path in ("/v1/models", "/v1/responses/resp_none"):
+            async with session.get(gateway.url + path,
+                                   headers={"Authorization": "Bearer acme-key"}) as answer:
+                assert answer.headers["x-routegate-tenant"] == "acme", path
 
 
 async def test_an_unknown_key_served_anonymously_is_marked_in_the_access_log(
