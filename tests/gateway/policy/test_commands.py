@@ -153,3 +153,19 @@ def test_env_option_without_a_value_is_a_usage_error(
         run(["policy", command, "--env", "RG_TEST_GPU_PRICE", str(good), *extra], capsys)
     assert exited.value.code == 2
     assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def test_an_enabled_backend_with_an_empty_key_warns_and_fails_a_strict_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "keyless.yaml"
+    path.write_text(GOOD.replace("    type: openai\n", "    type: openai\n    api_key: ''\n", 1))
+    code, out = run(["policy", "check", str(path)], capsys)
+    assert code == 0 and "warning:" in out and "backends.local.api_key" in out
+    assert run(["policy", "check", "--strict", str(path)], capsys)[0] == 1
+
+
+def test_reference_prints_every_section_of_the_policy_reference(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(["policy", "reference"], capsys)
+    assert code == 0 and out.startswith("# Policy file reference")
+    assert "## Backend\n" in out and "| `api_key` |" in out
