@@ -5,28 +5,48 @@ is named by a hash chained over every token before it, so two requests with the
 same prefix share the same physical blocks. Freed blocks keep their contents and
 hash in an LRU free list until they are handed out again (that is what makes a
 later request's prefix a cache hit).
+
+The hash only finds a candidate. A hit is taken only when the block holds exactly
+these tokens and follows exactly the block the previous hit matched (its id and the
+generation it had then), so by induction the whole prefix is equal: two prompts
+whose hashes collide never share KV, whoever sends them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from local_backend.engine.sequence import Sequence
 
+ROOT = (-1, 0)  # the "previous block" of a sequence's first block
+
+HashFn = Callable[[int | None, list[int]], int]
+
 
 def chain_hash(parent: int | None, tokens: list[int]) -> int:
-    # Python's tuple hash of ints is deterministic (no per-process salt) and fast;
-    # 64-bit collisions are ignored, as in most engines' in-memory prefix caches.
+    # Python's tuple hash of ints: deterministic (no per-process salt) and fast. A
+    # collision costs a cache miss, never wrong KV: hits are verified (see above).
     return hash((parent, *tokens))
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
+        hash_fn: HashFn = chain_hash,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.hash_fn = hash_fn
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
+        # What a cached block holds, checked on every hit: its tokens, and the block
+        # before it as (id, generation). A block's generation changes each time it is
+        # handed out again, so a stale "previous block" never matches.
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.block_parent: list[tuple[int, int]] = [ROOT] * num_blocks
+        self.generation = [0] * num_blocks
         self.cached: dict[int, int] = {}  # hash → block id
         # Blocks with no reference, oldest first: popped from the front when allocating.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
@@ -53,8 +73,13 @@ class BlockManager:
             if self.cached.get(old) == block:
                 del self.cached[old]
             self.block_hash[block] = None
+            self.block_tokens[block] = None
+        self.generation[block] += 1
         self.ref_counts[block] = 1
         return block
+
+    def _identity(self, block: int | None) -> tuple[int, int]:
+        return ROOT if block is None else (block, self.generation[block])
 
     def _prefix_hits(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks covering the longest prefix of `seq`, and their hashes."""
@@ -67,9 +92,14 @@ class BlockManager:
         hashes: list[int] = []
         parent: int | None = None
         for i in range(full):
-            parent = chain_hash(parent, tokens[i * size : (i + 1) * size])
+            chunk = tokens[i * size : (i + 1) * size]
+            parent = self.hash_fn(parent, chunk)
             block = self.cached.get(parent)
-            if block is None:
+            if (
+                block is None
+                or self.block_tokens[block] != tuple(chunk)
+                or self.block_parent[block] != self._identity(hits[-1] if hits else None)
+            ):
                 break
             hits.append(block)
             hashes.append(parent)
@@ -114,12 +144,15 @@ class BlockManager:
         tokens = seq.tokens
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), full):
-            parent = chain_hash(parent, tokens[i * size : (i + 1) * size])
+            chunk = tokens[i * size : (i + 1) * size]
+            parent = self.hash_fn(parent, chunk)
             seq.block_hashes.append(parent)
             block = seq.block_table[i]
             if parent not in self.cached and self.block_hash[block] is None:
                 self.cached[parent] = block
                 self.block_hash[block] = parent
+                self.block_tokens[block] = tuple(chunk)
+                self.block_parent[block] = self._identity(seq.block_table[i - 1] if i else None)
 
     def release(self, seq: Sequence) -> None:
         """Drop a sequence's references; its tail blocks become the first to be evicted."""

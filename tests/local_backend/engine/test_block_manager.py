@@ -89,3 +89,45 @@ def test_append_grows_a_sequence_one_block_at_a_time() -> None:
     assert manager.append(s, 1)
     assert len(s.block_table) == 2
     manager.release(s)
+
+
+def colliding(parent: int | None, tokens: list[int]) -> int:
+    """A forced collision: every block of every prompt gets the same hash."""
+    return 7
+
+
+def blind_to_the_prefix(parent: int | None, tokens: list[int]) -> int:
+    """Blocks with equal tokens collide whatever came before them."""
+    return hash(tuple(tokens))
+
+
+def test_prompts_whose_hashes_collide_share_no_blocks() -> None:
+    manager = BlockManager(num_blocks=16, block_size=4, hash_fn=colliding)
+    tenant_a = seq("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    manager.allocate(tenant_a)
+    computed(manager, tenant_a)
+    tenant_b = seq("b", [11, 12, 13, 14, 15, 16, 17, 18, 19])
+    manager.allocate(tenant_b)
+    assert tenant_b.num_computed == 0
+    assert not set(tenant_b.block_table) & set(tenant_a.block_table)
+    # The real prefix still hits (the first block; the second's hash names the first block).
+    again = seq("c", [1, 2, 3, 4, 5, 6, 7, 8, 10])
+    manager.allocate(again)
+    assert again.block_table[0] == tenant_a.block_table[0] and again.num_computed == 4
+
+
+def test_a_block_with_equal_tokens_after_a_different_prefix_is_not_a_hit() -> None:
+    manager = BlockManager(num_blocks=16, block_size=2, hash_fn=blind_to_the_prefix)
+    first = seq("f", [1, 1, 5, 5, 0])  # blocks [1 1][5 5]
+    manager.allocate(first)
+    computed(manager, first)
+    second = seq("g", [2, 2, 5, 5, 0])  # [2 2] is new; its [5 5] collides with first's
+    manager.allocate(second)
+    computed(manager, second)
+    third = seq("h", [2, 2, 5, 5, 9])
+    manager.allocate(third)
+    # [2 2] is second's block; the cached [5 5] was computed after [1 1]: its KV differs.
+    assert third.block_table[0] == second.block_table[0]
+    assert third.block_table[1] != first.block_table[1]
+    assert third.num_computed == 2
+
