@@ -1,11 +1,16 @@
 """Engine throughput and latency over HTTP vs one-request-at-a-time generation, same weights.
 
     .venv/bin/python bench/engine.py [--threads 2] [--concurrency 1 4 8 16 32]
+        [--real [--llama-cpp PYTHON]]
 
 The baseline is the plain loop a single user would write: one request at a time,
 a contiguous KV cache, greedy decoding, in process (no HTTP). The engine runs as
 `python -m local_backend --model demo` and is driven through streaming
 /v1/completions with 64-token prompts and 32 new tokens (greedy, EOS ignored).
+
+`--real` then serves the bundled SmolLM2-135M-Instruct GGUF and, where the
+llama-cpp-python server is installed (a separate environment: `--llama-cpp PYTHON`),
+llama.cpp on the same file beside it (bench/real_model.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ sys.path.insert(0, str(ROOT))
 from local_backend.demo import ensure_demo_model  # noqa: E402
 from local_backend.model.llama import LlamaForCausalLM  # noqa: E402
 from local_backend.model.loader import load_model  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import real_model  # noqa: E402
 
 PROMPT_TOKENS = 64
 NEW_TOKENS = 32
@@ -179,7 +187,17 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternate baseline and engine runs; keep each figure's best")
+    parser.add_argument("--real", action="store_true",
+                        help="also the bundled SmolLM2 GGUF, beside llama.cpp if installed")
+    parser.add_argument("--real-only", action="store_true", help="only the --real part")
+    parser.add_argument("--llama-cpp", metavar="PYTHON",
+                        help="a python with llama-cpp-python[server] (or "
+                             "$ROUTEGATE_LLAMA_CPP_PYTHON)")
     args = parser.parse_args()
+    if args.real or args.real_only:
+        real(args.threads, args.llama_cpp)
+    if args.real_only:
+        return 0
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     cache = Path(os.environ.get("ROUTEGATE_CACHE_DIR") or tempfile.gettempdir()) / "routegate"
@@ -227,6 +245,20 @@ def main() -> int:
             ok = value >= bound if at_least else value <= bound
             print(f"  {label:42} {value:6.2f}  {'ok' if ok else 'MISSED'}")
     return 0
+
+
+def real(threads: int, llama_cpp: str | None) -> None:
+    from local_backend.checkpoint import bundled_path
+
+    concurrency = [1, 16]
+    ours = real_model.engine(free_port(), threads, concurrency)
+    python = real_model.llama_cpp_python(llama_cpp)
+    theirs = None
+    if python is not None:
+        theirs = real_model.llama_cpp(python, bundled_path(real_model.MODEL), free_port(),
+                                      threads, concurrency)
+    real_model.report(ours, theirs, threads,
+                      "not installed: pass --llama-cpp PYTHON (llama-cpp-python[server])")
 
 
 if __name__ == "__main__":
