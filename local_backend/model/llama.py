@@ -177,7 +177,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Built around an empty tensor: the weights always come from a checkpoint, and the
+        # default random init on the meta device imports torch's reference ops (a second
+        # of CPU at start-up).
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
