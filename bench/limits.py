@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.limits.limiter import Limiter
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore, connect
-from gateway.limits.store import BudgetLimits, Scope
+from gateway.limits.store import WINDOW_S, BudgetLimits, Charge, Scope
 from policies.load import loads
 from tests.redis_server import RedisServer, find_redis_server
 
@@ -107,6 +107,28 @@ async def bench_redis_limiter(url: str, n: int, rounds: int = 6) -> tuple[float,
     return min(through), min(direct)
 
 
+async def bench_redis_memory(url: str, rate: int, seconds: int) -> tuple[float, float]:
+    """Redis memory a tenant's limit state holds at a steady `rate` admissions/s once the
+    window is full: (bytes per scope, bytes per admitted request per scope). Time is
+    simulated (`now` advances 1/rate per admission), so a minute of traffic takes as
+    long as `rate * seconds` admissions and settlements do."""
+    store = RedisStore(connect(url))
+    sync = redis.Redis.from_url(url)
+    sync.flushall()
+    before = int(sync.info("memory")["used_memory"])
+    now = 1_764_400_000.0
+    for i in range(rate * seconds):
+        decision = await store.admit("acme", SCOPES, 100, BUDGET, now, f"m{i}")
+        if decision.reservation is not None:
+            await store.settle(decision.reservation, 80, Charge(50, 30, 10), now)
+        now += 1.0 / rate
+    used = int(sync.info("memory")["used_memory"]) - before
+    await store.aclose()
+    in_window = rate * min(seconds, WINDOW_S)
+    per_scope = used / len(SCOPES)
+    return per_scope, per_scope / in_window
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=20_000)
@@ -128,6 +150,7 @@ def main() -> int:
             redis_n = max(1000, n // 4)
             redis_us, evalsha, inside = asyncio.run(bench_redis(server.url, redis_n))
             limiter_us, direct_us = asyncio.run(bench_redis_limiter(server.url, redis_n // 6))
+            scope_bytes, request_bytes = asyncio.run(bench_redis_memory(server.url, 100, 70))
         finally:
             server.stop()
     print(f"redis   admission (loopback, same work):       {redis_us:6.1f} µs, "
@@ -137,6 +160,9 @@ def main() -> int:
     print(f"limiter redis admission through Limiter.admit: {limiter_us:6.1f} µs, the store "
           f"directly {direct_us:6.1f} µs (alternated rounds, best of each): "
           f"+{limiter_us - direct_us:.1f} µs, {limiter_us / direct_us:.3f}×")
+    print(f"memory  Redis per scope at a steady 100 admissions/s (window full, settled): "
+          f"{scope_bytes / 1024:.0f} KiB, {request_bytes:.0f} bytes per request in the "
+          f"window (settled ids included: they are per tenant)")
     return 0
 
 
