@@ -2,8 +2,10 @@
 
     MemoryBlobs(max_bytes)   an LRU bounded in bytes (keys and values counted); the
                              least recently used entries go first when a write needs room
-    RedisBlobs(client)       shared by every replica and worker: SET with EX, GET, DEL;
-                             every call bounded by `op_timeout_s`
+    RedisBlobs(client)       shared by every replica and worker: SET with PX, GET, DEL;
+                             every call bounded by `op_timeout_s`, and for `retry_after_s`
+                             after a failure not tried at all (an outage costs requests
+                             nothing, rather than a timeout each)
 
 Both raise `BlobStoreUnavailable` only from Redis (down, slow, refused): each caller
 decides what an outage means for it (the response cache: no cache; stored responses:
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -81,32 +83,43 @@ class MemoryBlobs:
 
 
 class RedisBlobs:
-    def __init__(self, client: RedisClient, *, op_timeout_s: float = 1.0) -> None:
+    def __init__(self, client: RedisClient, *, op_timeout_s: float = 1.0,
+                 retry_after_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.op_timeout_s = op_timeout_s
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._retry_at = 0.0  # after a failure: no call before this
 
     @classmethod
-    def at(cls, url: str, *, socket_timeout_s: float = 0.5) -> RedisBlobs:
+    def at(cls, url: str, *, socket_timeout_s: float = 0.5,
+           retry_after_s: float = 1.0) -> RedisBlobs:
         """Nothing connects here: a Redis that is down at start-up is an outage like
         any later one."""
         return cls(connect(url, socket_timeout_s=socket_timeout_s),
-                   op_timeout_s=2 * socket_timeout_s)
+                   op_timeout_s=2 * socket_timeout_s, retry_after_s=retry_after_s)
 
     async def get(self, key: str) -> bytes | None:
-        value = await self._call(self.client.get(key))
+        value = await self._call(lambda: self.client.get(key))
         return value if isinstance(value, bytes) else None
 
     async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        await self._call(self.client.set(key, value, px=max(1, int(ttl_s * 1000))))
+        await self._call(lambda: self.client.set(key, value, px=max(1, int(ttl_s * 1000))))
 
     async def delete(self, key: str) -> bool:
-        return bool(await self._call(self.client.delete(key)))
+        return bool(await self._call(lambda: self.client.delete(key)))
 
-    async def _call(self, operation: object) -> object:
+    async def _call(self, operation: Callable[[], Awaitable[object]]) -> object:
+        if self._retry_at and self._clock() < self._retry_at:
+            raise BlobStoreUnavailable("Redis failed moments ago; not tried again yet")
         try:
-            return await asyncio.wait_for(operation, self.op_timeout_s)  # type: ignore[arg-type]
+            result = await asyncio.wait_for(operation(), self.op_timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
+            self._retry_at = self._clock() + self.retry_after_s
             raise BlobStoreUnavailable(f"Redis: {exc.__class__.__name__}: {exc}") from exc
+        self._retry_at = 0.0
+        return result
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -58,14 +58,21 @@ class Observer(Protocol):
 
 
 class Cache(Protocol):
+    def plan(self, ctx: RequestContext) -> object | None:
+        """What the cache will do for this request (routing has run); None: nothing, and
+        neither `serve` nor `keep` is called."""
+
     async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
-        """A kept answer, sent (routing has run; no backend is called), or None."""
+        """A kept answer, sent (no backend is called), or None; `ctx.cache_plan` is set."""
 
     async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
         """After settlement: keep what was answered, if it may be."""
 
 
 class NoCache:
+    def plan(self, ctx: RequestContext) -> None:
+        return None
+
     async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
         return None
 

@@ -90,13 +90,16 @@ class Pipeline:
                 with tel.step("routegate.route") as span:
                     self.route(ctx)
                     tel.decided(span, ctx.model, ctx.candidates, ctx.decision)
-                cached = await self.hooks.cache.serve(ctx)
+                cache = self.hooks.cache
+                ctx.cache_plan = cache.plan(ctx)  # None (most routes): no cache step at all
+                cached = await cache.serve(ctx) if ctx.cache_plan is not None else None
                 response = cached if cached is not None else await self.forward(ctx)
             finally:
                 await self.hooks.admission.settle(ctx)
             if ctx.status is None:
                 ctx.status = response.status
-            await self.hooks.cache.keep(ctx, response)
+            if ctx.cache_plan is not None:
+                await cache.keep(ctx, response)
             return response
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status

@@ -194,9 +194,11 @@ def chat_request(body: Body, history: list[Body]) -> Body:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise invalid("Input should be a positive integer", "max_output_tokens")
         chat["max_tokens"] = limit
-    if body.get("tools"):
-        chat["tools"] = _tools([tool for tool in body["tools"]
-                                if isinstance(tool, dict) and tool.get("type") == "function"])
+    tools = body.get("tools")
+    functions = [tool for tool in tools if isinstance(tool, dict)
+                 and tool.get("type") == "function"] if isinstance(tools, list) else tools
+    if functions:  # the others (built-in tools) only a native backend takes
+        chat["tools"] = _tools(functions)
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _response_format(body.get("text"))

@@ -88,9 +88,7 @@ class ResponseCache:
         ctx.response_headers[HEADER] = outcome
 
     async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
-        plan = ctx.cache_plan = self.plan(ctx)
-        if plan is None:
-            return None
+        plan: Plan = ctx.cache_plan
         counts = self.counts[plan.route]
         if plan.mode == "bypass":
             counts.bypasses += 1

@@ -5,8 +5,12 @@ this replica's share of every limit (`limit // replicas`), so N replicas
 together still admit about the global limit. Either way, once one call has
 failed no request touches Redis until a background probe (a PING every
 `probe_interval_s`, bounded by the client's timeouts) sees it answer again, so
-no request waits on a dead Redis. The outage is logged once when it starts and
-once when it ends, and counted.
+no request waits on a dead Redis. Declaring an outage drops every pooled
+connection, so a restarted Redis is met with new ones only: one restart is one
+outage, not a "back"/"unavailable" flap as stale connections fail one by one. The
+outage is logged when it starts, once per `log_interval_s` while it lasts (with
+the count of requests decided locally or refused meanwhile; they are not logged
+one by one) and when it ends, and counted.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
@@ -74,11 +78,13 @@ class FailoverStore:
     name: StoreName = "redis"
 
     def __init__(self, primary: RedisStore, *, on_error: OnStoreError = "fail_open",
-                 replicas: int = 1, probe_interval_s: float = 1.0) -> None:
+                 replicas: int = 1, probe_interval_s: float = 1.0,
+                 log_interval_s: float = 10.0) -> None:
         self.primary = primary
         self.fallback = MemoryStore(name="fallback", share=replicas)
         self.on_error = on_error
         self.probe_interval_s = probe_interval_s
+        self.log_interval_s = log_interval_s
         self.healthy = True
         self.outages = 0  # outages seen since start
         self.fallback_admissions = 0  # admissions decided locally (fail_open)
@@ -212,11 +218,24 @@ class FailoverStore:
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._recover())
 
+    def _affected(self) -> int:
+        """Requests the outages so far have decided locally or refused."""
+        return self.fallback_admissions + self.rejected_unavailable
+
     async def _recover(self) -> None:
         """Probe until Redis answers, replay what it missed, then switch back to it."""
+        logged_at, affected = time.monotonic(), self._affected()
         while True:
             if not self.healthy:
+                await self.primary.drop_connections()
                 await asyncio.sleep(self.probe_interval_s)
+                if time.monotonic() - logged_at >= self.log_interval_s:
+                    logged_at, before, affected = time.monotonic(), affected, self._affected()
+                    log.warning("rate limit store still unavailable after %.0f s: %d "
+                                "requests %s since the last report",
+                                logged_at - self._down_since, affected - before,
+                                "decided locally" if self.on_error == "fail_open"
+                                else "refused")
             try:
                 await self.primary.ping()
                 while self._unsettled:

@@ -19,6 +19,7 @@ local decision.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from functools import partial
@@ -165,6 +166,13 @@ class RedisStore:
 
     async def ping(self) -> None:
         await self._call(self.client.ping())
+
+    async def drop_connections(self) -> None:
+        """Close every pooled connection, in use or idle: after an outage they lead to
+        a Redis that is gone (a restarted one knows none of them)."""
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(self._op_timeout_s):
+                await self.client.connection_pool.disconnect(inuse_connections=True)
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.blob_store import BlobStoreUnavailable, MemoryBlobs, RedisBlobs
+from gateway.limits.redis_store import connect
 from tests.redis_server import RedisServer
 
 
@@ -41,13 +42,20 @@ async def test_the_memory_store_forgets_an_entry_past_its_ttl_and_skips_what_nev
     assert store.bytes == 0
 
 
-async def test_a_redis_store_that_is_down_raises_its_own_error(
+async def test_a_redis_store_that_is_down_raises_its_own_error_and_rests_before_retrying(
         redis_server: RedisServer) -> None:
-    store = RedisBlobs.at(redis_server.url)
+    clock = Clock()
+    store = RedisBlobs(connect(redis_server.url), retry_after_s=1.0, clock=clock)
     await store.put("k", b"v", ttl_s=60)
     assert await store.get("k") == b"v"
     redis_server.kill()
-
     with pytest.raises(BlobStoreUnavailable):
         await store.get("k")
+    redis_server.start()
+
+    with pytest.raises(BlobStoreUnavailable, match="not tried again yet"):
+        await store.get("k")  # Redis is back, but the store rests after a failure
+    clock.now = 1.0
+    await store.put("k", b"again", ttl_s=60)
+    assert await store.get("k") == b"again"
     await store.aclose()
