@@ -67,8 +67,6 @@ class RouteCache(FileModel):
     """`tenant`: each tenant reads only its own answers; `global`: one tenant may read another's."""
     nondeterministic: bool = False
     """Also keep answers sampled with temperature > 0."""
-    # keep answers although `compliance.record_content` is off (the gateway then holds
-    # prompts and completions, hashed and whole, for `ttl_s`)
     store_content: bool = False
     """Keep answers although `compliance.record_content` is off (the gateway then holds prompts and
     completions, hashed and whole, for `ttl_s`)."""
@@ -227,10 +225,13 @@ class ServerSettings(FileModel):
     """`GET /metrics` answers only to a key listed in `auth.admin_keys`."""
 
 
+# memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name
+# (editors only: `LimitStore._store_known` checks, with its wording)
+STORE_URL_PATTERN = r"^(memory$|rediss?://|unix://|redis\+(cluster|sentinel)://)"
+
+
 class LimitStore(FileModel):
-    # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name
-    store: str = Field("memory", json_schema_extra={  # editors only: `_store_known` checks
-        "pattern": r"^(memory$|rediss?://|unix://|redis\+(cluster|sentinel)://)"})
+    store: str = Field("memory", json_schema_extra={"pattern": STORE_URL_PATTERN})
     """Where limits and spend are counted: `memory` (this process), a `redis://` URL shared by every
     replica, `redis+cluster://NODE,…` or `redis+sentinel://SENTINEL,…/SERVICE`.
     `ROUTEGATE_REDIS_URL` overrides it. Read at start-up."""
@@ -253,7 +254,7 @@ class LimitStore(FileModel):
 class SharedState(FileModel):
     """State every replica and worker should see: `memory` (this process only) or Redis."""
 
-    store: str = Field("memory", json_schema_extra={"pattern": r"^(memory$|rediss?://|unix://)"})
+    store: str = Field("memory", json_schema_extra={"pattern": STORE_URL_PATTERN})
     """`memory` (this process only) or a `redis://` URL every replica and worker shares."""
     max_memory_bytes: PositiveInt = 64 * 1024 * 1024
     """The most the `memory` store holds."""
