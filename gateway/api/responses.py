@@ -55,9 +55,19 @@ class NativeEvents:
             for event in events:
                 for line in event.split(b"\n"):
                     if line.startswith(b"data:") and any(m in line for m in _FINAL_EVENTS):
-                        response = orjson.loads(line[5:]).get("response")
-                        self.final = response if isinstance(response, dict) else None
+                        self.final = _response_in(line[5:])
         return data
+
+
+def _response_in(payload: bytes) -> Body | None:
+    """The `response` object of a final event's JSON (None if it is not one: it is
+    passed on as it is, and nothing is stored)."""
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    response = event.get("response") if isinstance(event, dict) else None
+    return response if isinstance(response, dict) else None
 
 
 class ResponsesCall:
