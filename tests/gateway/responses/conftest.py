@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 
 from tests.fakes.responses_upstream import FakeResponses
+from tests.gateway.anthropic.conftest import start_anthropic
+
+__all__ = ["native_upstream", "responses_policy", "start_anthropic"]
 
 WEATHER_TOOL: Any = {"type": "function", "name": "get_weather",
                      "description": "The weather in a city.",

@@ -13,6 +13,7 @@ from gateway.auth import key_hash
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.fakes.responses_upstream import FakeResponses
+from tests.gateway.anthropic.conftest import StartAnthropic, anthropic_policy
 from tests.gateway.responses.conftest import WEATHER_TOOL, responses_policy
 
 Backends = tuple[FakeOpenAI, FakeResponses]
@@ -218,3 +219,18 @@ async def test_a_conversation_continues_on_another_replica_through_redis(
     assert second.status == "completed"
     assert backends[0].received[-1].json["messages"][0] == {"role": "user",
                                                             "content": "I am Ada."}
+
+
+async def test_a_response_is_served_by_an_anthropic_backend(
+        start_anthropic: StartAnthropic, start_gateway: StartGateway) -> None:
+    anthropic = await start_anthropic()
+    gateway = await start_gateway(anthropic_policy(anthropic.url))
+
+    async with gateway.openai().responses.stream(
+            model="chat", input="Say hello.", instructions="Be brief.",
+            max_output_tokens=64) as stream:
+        final = await stream.get_final_response()
+
+    assert final.output_text == "Hello from the fake Anthropic upstream."
+    sent = anthropic.received[-1].json
+    assert (sent["system"], sent["max_tokens"]) == ("Be brief.", 64)
