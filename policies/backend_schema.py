@@ -79,6 +79,9 @@ class Timeouts(FileModel):
     between two stream chunks."""
     total_s: PositiveFloat = 600.0
     """Seconds the whole upstream call may take."""
+    pool_wait_s: PositiveFloat = 10.0
+    """Seconds a request waits for a free connection when all `max_connections` are busy;
+    then it fails over to the next candidate."""
 
 
 class LaunchSpec(FileModel):

@@ -22,11 +22,13 @@ and read one response — so this client keeps only the parts that do the work:
   before any answer (a backend's idle timeout racing it): never for a new connection,
   never once a response has begun.
 
-Timeouts: `connect_s` for opening a connection; `first_byte_s` for any silence on the
-socket (waiting for the response headers, and between chunks of a stream); `total_s`
-for the whole exchange, body included — it fails whatever is waiting with
-`ServerTimeoutError` and drops the connection. A dropped connection is aborted, so
-whatever of the request it still buffers is discarded, not flushed to the backend.
+Timeouts: `pool_wait_s` for a free connection when all `max_connections` are busy (a
+failure like any other: the caller may fall back); `connect_s` for opening a
+connection; `first_byte_s` for any silence on the socket (waiting for the response
+headers, and between chunks of a stream); `total_s` for the whole exchange, body
+included — it fails whatever is waiting with `ServerTimeoutError` and drops the
+connection. A dropped connection is aborted, so whatever of the request it still
+buffers is discarded, not flushed to the backend.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Timeouts(NamedTuple):
     connect_s: float
     first_byte_s: float
     total_s: float
+    pool_wait_s: float = 10.0  # waiting for a free connection (within `total_s`)
 
 
 class Http1Response:
@@ -268,17 +271,19 @@ class Http1Client:
         if self._open >= self._limit:
             waiter: asyncio.Future[ResponseHandler | None] = loop.create_future()
             self._waiters.append(waiter)
+            wait_s = min(self.timeouts.pool_wait_s, timeouts.total_s)
             try:
-                async with asyncio.timeout(timeouts.total_s):  # only when waiting
+                async with asyncio.timeout(wait_s):
                     handed = await waiter
             except (asyncio.CancelledError, TimeoutError) as exc:
                 if waiter.done() and not waiter.cancelled():  # handed over, then cancelled
                     self._give_back(waiter.result(), True)
-                else:
+                elif waiter in self._waiters:  # `_give_back` may have passed over it
                     self._waiters.remove(waiter)
                 if isinstance(exc, TimeoutError):
                     raise ServerTimeoutError(
-                        f"No free connection to {self.address} in time") from None
+                        f"No free connection to {self.address} within {wait_s:g} s: all "
+                        f"max_connections ({self._limit}) are busy") from None
                 raise
             if handed is not None:
                 if handed.is_connected() and reuse:

@@ -7,6 +7,7 @@ One pool of kept-alive connections per backend (`http1.Http1Client`), bounded by
                 between two chunks of a stream (a backend that stays silent that long
                 is treated as dead)
   total_s       the whole exchange, streamed body included
+  pool_wait_s   waiting for a free connection when all `max_connections` are busy
 An https backend is verified (chain and server name) against the system's CAs, or
 against the backend's `ca_file` when the policy names one.
 """
@@ -111,7 +112,8 @@ class OpenAIUpstream:
                 self._ca_stamp = ca_stamp(ca_file)
             self._client = Http1Client(
                 self.base_url, max_connections=self.backend.max_connections,
-                timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s),
+                timeouts=Timeouts(timeouts.connect_s, timeouts.first_byte_s, timeouts.total_s,
+                                  timeouts.pool_wait_s),
                 headers=self._headers,
                 # the system's CAs unless the policy names a bundle (`Http1Client`'s default)
                 ssl_context=None if ca_file is None else tls_context(ca_file))

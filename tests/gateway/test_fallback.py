@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from gateway.app import HOOKS
-from tests.conftest import StartGateway, StartUpstream
+from tests.conftest import StartGateway, StartScripted, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.test_streaming import STREAM_BODY
 
@@ -122,3 +125,34 @@ async def test_all_candidates_rate_limited_is_429_with_the_retry_after_one_of_th
 
     assert status == 429 and retry_after == "30"
     assert len(first.received) == 1 and len(second.received) == 1
+
+
+async def test_a_backend_whose_connections_are_all_stuck_falls_back_under_pressure(
+        scripted_upstream: StartScripted, start_upstream: StartUpstream,
+        start_gateway: StartGateway) -> None:
+    async def never_answers(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    stuck = await scripted_upstream(never_answers)
+    spare = await start_upstream()
+    policy = two_backend_policy(stuck, spare.url)
+    policy["backends"]["a"].update(
+        max_connections=2, timeouts={"first_byte_s": 1.0, "pool_wait_s": 0.2})
+    policy["defaults"] = {"limits": {"requests_per_minute": 100_000,
+                                     "tokens_per_minute": 100_000_000}}
+    gateway = await start_gateway(policy)
+
+    async with aiohttp.ClientSession() as session:
+        async def one() -> int:
+            async with session.post(gateway.url + "/v1/chat/completions",
+                                    json=BODY) as response:
+                await response.read()
+                return response.status
+
+        # a turn at a stuck connection lasts `first_byte_s`: waiting turns would take
+        # over a minute; the bounded wait falls back at once
+        async with asyncio.timeout(8):
+            statuses = await asyncio.gather(*(one() for _ in range(150)))
+
+    assert Counter(statuses) == {200: 150}

@@ -148,6 +148,36 @@ async def test_a_cancelled_waiter_gives_its_turn_back(server: Server) -> None:
     await client.close()
 
 
+async def test_a_waiter_cancelled_as_its_turn_comes_is_an_ordinary_cancellation(
+        server: Server) -> None:
+    # The waiter is cancelled (a timeout, a client gone) and, before its task runs
+    # again, the held connection comes back and passes over the cancelled waiter.
+    client = Http1Client(await server.start(echo), max_connections=1, timeouts=RELAXED)
+    held = await client.post("/x", b"{}")
+    await held.read()
+    waiting = asyncio.ensure_future(client.post("/x", b"{}"))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    held.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    response = await client.post("/x", b"{}")  # the one connection is free again
+    assert response.status == 200
+    response.release()
+    await client.close()
+
+
+async def test_the_wait_for_a_free_connection_has_its_own_bound(server: Server) -> None:
+    client = Http1Client(await server.start(echo), max_connections=1,
+                         timeouts=Timeouts(connect_s=1.0, first_byte_s=5.0, total_s=10.0,
+                                           pool_wait_s=0.1))
+    held = await client.post("/x", b"{}")
+    with pytest.raises(TimeoutError, match="max_connections"):
+        await asyncio.wait_for(client.post("/x", b"{}"), 1.0)
+    held.close()
+    await client.close()
+
+
 async def test_chunked_and_gzip_bodies_are_decoded(server: Server) -> None:
     async def chunked_gzip(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Encoding": "gzip",
