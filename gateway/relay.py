@@ -21,7 +21,8 @@ from aiohttp import web
 from gateway.context import Dialect, RequestContext
 from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
-from gateway.sse import DONE_EVENT, SseRelay, comment, error_event
+from gateway.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
+from gateway.upstream.http1 import BodyTooLarge
 from gateway.upstream.openai import (
     PASSTHROUGH_HEADERS,
     UNSUPPORTED_ENDPOINT,
@@ -42,8 +43,19 @@ STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cach
 
 async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeResponse:
     name = ctx.target.backend_name if ctx.target else "?"
+    if ctx.stream and response.status < 300:  # never relay a shape the client did not ask for
+        response.close()
+        raise UpstreamFailure(UpstreamError(
+            f"Backend '{name}' answered a streaming request with "
+            f"{response.content_type}, not an event stream."), status=response.status)
+    limit = ctx.policy.file.server.max_upstream_body_bytes
     try:
-        data = await response.read()
+        data = await response.read(limit)
+    except BodyTooLarge as exc:
+        response.close()
+        raise UpstreamFailure(UpstreamError(
+            f"Backend '{name}' sent a reply over {limit} bytes "
+            "(server.max_upstream_body_bytes).")) from exc
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise UpstreamFailure(_failed(exc)(
             f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
@@ -98,16 +110,23 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
 
 async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.StreamResponse:
     name = ctx.target.backend_name if ctx.target else "?"
-    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
+    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage,
+                     max_event_bytes=ctx.policy.file.server.max_event_bytes)
     ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced
     content = response.content
     finished = False
     try:
+        broken: MalformedEvent | None = None
         try:  # nothing has reached the client yet: a failure here may fall back
             first = await content.readany()
+            out = relay.feed(first)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamFailure(_failed(exc)(
                 f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
+        except MalformedEvent as exc:
+            if not exc.forward:  # not one good event: not a stream this client can use
+                raise UpstreamFailure(UpstreamError(_malformed(name, exc))) from None
+            broken, out = exc, b""
         if not first:
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{name}' closed the stream without sending an event."))
@@ -119,10 +138,12 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         ctx.bytes_sent = True
         ctx.status = 200
         try:
-            out = relay.feed(first)
             ctx.telemetry.relayed(out)
             await write(out)
+            failure: UpstreamError | UpstreamTimeout | None = None
             try:
+                if broken is not None:  # the first read's good events, then the error
+                    raise broken
                 while data := await content.readany():
                     out = relay.feed(data)
                     if out:
@@ -130,14 +151,23 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                         await write(out)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 failure = _failed(exc)(f"Backend '{name}' failed mid-stream: {exc!r}.")
-                ctx.error = failure
-                relay.drop_partial()
-                await write(error_event(failure.body()))
+            except MalformedEvent as exc:
+                ctx.telemetry.relayed(exc.forward)
+                await write(exc.forward)
+                failure = UpstreamError(_malformed(name, exc))
             else:
                 finished = True
-            last_event = relay.leftover()  # before usage is read: it may carry it
-            if last_event is None:  # the connection ended the stream mid-event
+            # before usage is read: the last event may carry it
+            leftover = relay.leftover() if failure is None else b""
+            if leftover is None:  # the connection ended the stream mid-event
                 failure = UpstreamError(f"Backend '{name}' ended the stream mid-event.")
+            elif failure is None and not relay.complete:  # a clean end, but too soon
+                failure = UpstreamError(
+                    f"Backend '{name}' ended the stream before it was complete (no "
+                    "finish_reason, no [DONE]); the reply may be cut short.")
+            last_event = leftover or b""
+            if failure is not None:
+                relay.drop_partial()
                 ctx.error, last_event = failure, error_event(failure.body())
             ctx.telemetry.relayed(last_event)
             ctx.usage = relay.usage
@@ -145,7 +175,7 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             ctx.timing.upstream_finished()
             tail = last_event + comment("server-timing " + ctx.timing.header())
             # the last bytes and the chunked terminator leave in one transport write
-            await write_last(tail + DONE_EVENT if relay.done else tail)
+            await write_last(tail + DONE_EVENT if relay.done and failure is None else tail)
         except ConnectionResetError:  # the client went away between two writes
             ctx.status = CLIENT_CLOSED
             finished = False
@@ -162,6 +192,10 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             response.release()
         else:
             response.close()  # drop the connection: the backend stops generating
+
+
+def _malformed(name: str, exc: MalformedEvent) -> str:
+    return f"Backend '{name}' sent a malformed stream event: {exc.reason}."
 
 
 def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:

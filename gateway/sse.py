@@ -5,11 +5,18 @@ network read brings are forwarded at once, byte for byte. It looks inside an eve
 only when it must — to capture the usage report, to drop the usage-only chunk the
 gateway asked for on the client's behalf, and to hold back `data: [DONE]` so the
 caller can put the `: server-timing` comment in front of it.
+
+It forwards only well-formed events of an OpenAI-type stream: `data:` lines whose
+payload is a JSON object or `[DONE]`, comments, and `event:`/`id:`/`retry:` fields.
+The common read (whole one-line `data: {…}` events) is recognised by byte counts,
+without parsing; any other read is split and each event checked, its JSON parsed.
+A malformed event, or one over `max_event_bytes` (complete or still arriving), raises
+`MalformedEvent` with the events before it: the caller ends the stream there.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -17,21 +24,50 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _DONE = b"[DONE]"
 _USAGE = b'"usage"'
 _NULL_USAGE = (b'"usage":null', b'"usage": null')
+# a choice that finished: with `[DONE]`, what tells a whole stream from a cut one
+_FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
+_ERROR = b'{"error"'  # an OpenAI-style error event: the backend's own end of a stream
+_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+MAX_EVENT_BYTES = 1 << 20
+
+
+class MalformedEvent(Exception):
+    """The backend sent an event the relay will not forward; `forward` holds the
+    well-formed events of the same read that came before it."""
+
+    def __init__(self, reason: str, forward: bytes) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.forward = forward
 
 
 class SseRelay:
-    __slots__ = ("_pending", "content_events", "done", "strip_usage_chunk", "usage",
-                 "usage_chunk")
+    __slots__ = ("_last", "_pending", "content_events", "done", "finished",
+                 "max_event_bytes", "strip_usage_chunk", "usage", "usage_chunk")
 
-    def __init__(self, *, strip_usage_chunk: bool) -> None:
+    def __init__(self, *, strip_usage_chunk: bool,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.strip_usage_chunk = strip_usage_chunk
+        self.max_event_bytes = max_event_bytes
         self.usage: dict[str, Any] | None = None
         # the whole chunk that carried usage: a backend's timings (`metrics`) ride on it
         self.usage_chunk: dict[str, Any] | None = None
         self.done = False  # `data: [DONE]` seen (and withheld)
+        self.finished = False  # a `finish_reason` seen
         self._pending = b""
+        self._last = b""  # the latest events forwarded
         # chunks with a non-empty content/text delta: what a stream cut short produced
         self.content_events = 0
+
+    @property
+    def complete(self) -> bool:
+        """The backend ended its stream as a whole one ends (`[DONE]`, a finish reason,
+        or its own error event), not merely stopped."""
+        if self.done or self.finished:
+            return True
+        last = self._last
+        start = last.rfind(b"\n\n", 0, -2)
+        return _ERROR in (last[start + 2:] if start >= 0 else last)
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward now for one network read from the backend."""
@@ -41,41 +77,69 @@ class SseRelay:
         if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
             # (after joining: a read may end between the \r and the \n)
             data = data.replace(b"\r\n", b"\n")
-        if data.endswith(b"\n\n") and _USAGE not in data and _DONE not in data:
+        if not self.finished and (_FINISHED[0] in data or _FINISHED[1] in data):
+            self.finished = True
+        events = data.count(b"\n\n")
+        # the common case: whole one-line `data: {…}` token events, nothing to look at
+        if (data.endswith(b"}\n\n") and data.startswith(b"data: {")
+                and data.count(b"\n") == 2 * events == 2 * data.count(b"}\n\n")
+                and data.count(b"\n\ndata: {") == events - 1
+                and _USAGE not in data and _DONE not in data
+                and len(data) <= self.max_event_bytes):
             self.content_events += _content_count(data)
-            return data  # the common case: whole token events, nothing to look at
+            self._last = data
+            return data
         out: list[bytes] = []
         start = 0
         while True:
             end = data.find(b"\n\n", start)
             if end < 0:
                 self._pending = data[start:]
+                if len(self._pending) > self.max_event_bytes:
+                    self._malformed(f"an event over {self.max_event_bytes} bytes "
+                                    "(server.max_event_bytes)", out)
                 break
             event = data[start:end + 2]
             start = end + 2
-            if self._keep(event):
+            if len(event) > self.max_event_bytes:
+                self._malformed(f"an event over {self.max_event_bytes} bytes "
+                                "(server.max_event_bytes)", out)
+            if self._keep(event, out):
                 out.append(event)
         kept = b"".join(out)
         self.content_events += _content_count(kept)
+        if kept:
+            self._last = kept
         return kept
 
-    def _keep(self, event: bytes) -> bool:
-        payload = _data_field(event)
-        if payload is None:
+    def _keep(self, event: bytes, before: list[bytes]) -> bool:
+        lines = event[:-2].split(b"\n")
+        if not all(line.startswith(_FIELDS) for line in lines):
+            self._malformed("a line that is not an SSE field", before)
+        data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+        if not data:  # a comment, or fields without data
             return True
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
         if payload == _DONE:
             self.done = True
             return False
-        if _USAGE in payload and not any(null in payload for null in _NULL_USAGE):
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                return True
-            if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
-                self.usage, self.usage_chunk = chunk["usage"], chunk
-                if self.strip_usage_chunk and not chunk.get("choices"):
-                    return False
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            self._malformed("a `data:` payload that is not a JSON object", before)
+        if _USAGE in payload and isinstance(chunk.get("usage"), dict):
+            self.usage, self.usage_chunk = chunk["usage"], chunk
+            if self.strip_usage_chunk and not chunk.get("choices"):
+                return False
         return True
+
+    def _malformed(self, reason: str, before: list[bytes]) -> NoReturn:
+        self._pending = b""
+        kept = b"".join(before)
+        self.content_events += _content_count(kept)
+        raise MalformedEvent(reason, kept)
 
     def leftover(self) -> bytes | None:
         """An unterminated last event, completed and forwarded when the stream ends
@@ -86,14 +150,10 @@ class SseRelay:
         rest, self._pending = self._pending, b""
         if not rest.strip():
             return b""
-        event = rest.rstrip(b"\n") + b"\n\n"
-        payload = _data_field(event)
-        if payload is not None and payload != _DONE:
-            try:
-                orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                return None
-        return self.feed(event)
+        try:
+            return self.feed(rest.rstrip(b"\n") + b"\n\n")
+        except MalformedEvent:
+            return None
 
     def drop_partial(self) -> None:
         """The stream broke mid-event: the incomplete event is never forwarded."""
@@ -105,14 +165,6 @@ def _content_count(data: bytes) -> int:
     servers send it); C-speed byte counts, no parsing."""
     return (data.count(b'"content":"') + data.count(b'"text":"')
             - data.count(b'"content":""') - data.count(b'"text":""'))
-
-
-def _data_field(event: bytes) -> bytes | None:
-    """The payload of a single-line `data:` event, or None for anything else."""
-    if not event.startswith(b"data:"):
-        return None
-    payload = event[5:].strip()
-    return None if b"\n" in payload else payload
 
 
 def comment(text: str) -> bytes:

@@ -223,6 +223,12 @@ class ServerSettings(FileModel):
     """What SIGTERM does before the process exits."""
     metrics_auth: bool = False
     """`GET /metrics` answers only to a key listed in `auth.admin_keys`."""
+    max_upstream_body_bytes: PositiveInt = 32 * 1024 * 1024
+    """Largest non-streamed reply a backend may send; past it the attempt fails (the next
+    candidate serves, or a 502 names this setting), never buffered whole."""
+    max_event_bytes: PositiveInt = 1024 * 1024
+    """Largest single event of a backend's stream; past it the stream ends with an error
+    event naming this setting."""
 
 
 # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name

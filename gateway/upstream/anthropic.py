@@ -78,8 +78,8 @@ class AnthropicResponse:
     def content_type(self) -> str:
         return self._response.content_type
 
-    async def read(self) -> bytes:
-        data = await self._response.read()
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        data = await self._response.read(max_bytes)
         try:
             body: Any = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 from aiohttp import (
     ClientConnectionError,
     ClientOSError,
+    ClientPayloadError,
     ServerDisconnectedError,
     ServerTimeoutError,
     StreamReader,
@@ -76,6 +77,14 @@ class ConnectFailed(ClientConnectionError):
     def __init__(self, address: str, os_error: OSError) -> None:
         super().__init__(f"cannot connect to {address}: {os_error}")
         self.os_error = os_error
+
+
+class BodyTooLarge(ClientPayloadError):
+    """A response body over the reader's bound; the connection is not reusable."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"response body over {max_bytes} bytes")
+        self.max_bytes = max_bytes
 
 
 class Timeouts(NamedTuple):
@@ -110,8 +119,21 @@ class Http1Response:
             return "application/octet-stream"
         return raw.partition(";")[0].strip().lower()
 
-    async def read(self) -> bytes:
-        return await self.content.read()
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole body; `BodyTooLarge` as soon as it is known to exceed `max_bytes`
+        (its Content-Length, else counted as it arrives), the rest left unread."""
+        if max_bytes is None:
+            return await self.content.read()
+        length = self.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > max_bytes:
+            raise BodyTooLarge(max_bytes)
+        chunks, size, content = [], 0, self.content
+        while chunk := await content.readany():
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(max_bytes)
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def release(self) -> None:
         content, protocol = self.content, self._protocol

@@ -83,6 +83,8 @@ def incapable(status: int, error: object) -> Incapable | None:
 
 
 _GATEWAY_CREDENTIALS_REFUSED = (401, 403)
+# An error reply is read for its message only; past this it is dropped unread.
+MAX_ERROR_BODY_BYTES = 64 * 1024
 
 
 class OpenAIUpstream:
@@ -182,7 +184,7 @@ class OpenAIUpstream:
         status = response.status
         if status == 429 or status >= 500 or status in _GATEWAY_CREDENTIALS_REFUSED:
             try:
-                error_body = await response.read()
+                error_body = await response.read(MAX_ERROR_BODY_BYTES)
             except (TimeoutError, aiohttp.ClientError):
                 error_body = b""
             finally:

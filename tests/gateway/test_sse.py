@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.sse import SseRelay
+import pytest
+
+from gateway.sse import MalformedEvent, SseRelay
 
 CONTENT = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1,'
@@ -78,3 +80,35 @@ def test_a_tail_cut_in_the_middle_of_its_json_is_not_forwarded() -> None:
     relay = SseRelay(strip_usage_chunk=False)
     relay.feed(CONTENT + b'data: {"choices":[{"delta":{"content":"h')
     assert relay.leftover() is None and relay.content_events == 1
+
+
+def test_a_malformed_event_stops_the_relay_after_the_good_ones_before_it() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    with pytest.raises(MalformedEvent, match="not a JSON object") as raised:
+        relay.feed(CONTENT + b"data: {not json\n\n" + CONTENT)
+    assert raised.value.forward == CONTENT
+
+
+def test_a_line_that_is_no_sse_field_is_malformed() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    with pytest.raises(MalformedEvent, match="not an SSE field"):
+        relay.feed(b"\x00\x01garbage\n\n")
+
+
+def test_an_event_still_arriving_past_the_cap_is_refused_before_it_completes() -> None:
+    relay = SseRelay(strip_usage_chunk=False, max_event_bytes=100)
+    assert relay.feed(b'data: {"a":"' + b"x" * 60) == b""
+    with pytest.raises(MalformedEvent, match="max_event_bytes"):
+        relay.feed(b"x" * 60)
+
+
+def test_a_stream_is_complete_after_done_a_finish_reason_or_its_own_error_event() -> None:
+    finish = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+    error = b'data: {"error":{"message":"overloaded"}}\n\n'
+    for ending in (DONE, finish, error):
+        relay = SseRelay(strip_usage_chunk=False)
+        relay.feed(CONTENT + ending)
+        assert relay.complete
+    cut = SseRelay(strip_usage_chunk=False)
+    cut.feed(CONTENT + CONTENT)
+    assert not cut.complete

@@ -37,7 +37,8 @@ async def test_a_last_event_without_its_blank_line_reaches_the_client_whole(
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
-        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}')
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"b"},'
+                             b'"finish_reason":"stop"}]}')
         await response.write_eof()
         return response
 
