@@ -62,6 +62,7 @@ class Attempt:
     error: str | None = None
     status: int | None = None  # the backend's HTTP status, when it answered
     cannot: Incapable | None = None  # it answered it cannot do what was asked
+    retry_after_s: float | None = None  # the backend's `Retry-After` on a failure
 
 
 @dataclass(slots=True, eq=False)

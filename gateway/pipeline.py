@@ -280,6 +280,7 @@ class Pipeline:
                 except UpstreamFailure as failure:
                     attempt.error, attempt.status = failure.error.message, failure.status
                     attempt.cannot = failure.cannot
+                    attempt.retry_after_s = failure.retry_after_s
                     traced.failed(failure.error.message, failure.status)
                     failures.append(failure)
                     self._attempt_finished(ctx, attempt)

@@ -18,6 +18,7 @@ request that runs under the new policy.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ from gateway.upstream.pool import UpstreamPool
 from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
 from routing.capabilities import Learned, bits_for_param
+from routing.compliance import REASON_UNHEALTHY
 from routing.decide import Candidate, Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
 from routing.pii import PiiScanner
-from routing.stats import LiveStats
+from routing.stats import LiveStats, StatsSnapshot
 from routing.tokens import TokenCounter
 
 ROUTE_HEADER = "x-routegate-route"
@@ -136,7 +138,7 @@ class RoutingHook:
         ctx.decision = decision
         ctx.response_headers[DECISION_HEADER] = decision.decision_id
         if decision.rejection is not None:
-            raise _error(decision.rejection)
+            raise _error(decision.rejection, _back_in_s(decision, stats, monotonic()))
         if decision.redact:
             # The upstream gets the redacted body; the client's bytes never leave.
             redacted, _ = compiled.pii.redact_body(ctx.body)
@@ -163,7 +165,7 @@ class RoutingHook:
             self._learn(ctx, attempt)
             return
         if attempt.error is not None:
-            self.stats.record_error(key, now)
+            self.stats.record_error(key, now, retry_after_s=attempt.retry_after_s)
             return
         started = ctx.state.get(_ATTEMPT_STARTED_STATE)
         if started is None:
@@ -255,7 +257,7 @@ def _candidate(decision: object, key: str) -> Candidate | None:
     return None
 
 
-def _error(rejection: Rejection) -> GatewayError:
+def _error(rejection: Rejection, back_in_s: float | None) -> GatewayError:
     if rejection.status == 400:
         return BadRequest(rejection.message, param=rejection.param, code=rejection.code)
     if rejection.status == 403:
@@ -264,7 +266,16 @@ def _error(rejection: Rejection) -> GatewayError:
         return ModelNotFound(rejection.message, param="model")
     if rejection.status == 429:
         return RateLimited(rejection.message, code=rejection.code)
-    return NoBackendAvailable(rejection.message, code=rejection.code)
+    headers = {} if back_in_s is None else {"Retry-After": str(max(1, math.ceil(back_in_s)))}
+    return NoBackendAvailable(rejection.message, code=rejection.code, headers=headers)
+
+
+def _back_in_s(decision: RouteDecision, stats: StatsSnapshot, now: float) -> float | None:
+    """Seconds until the first candidate left out as unhealthy is tried again (never
+    before its backend's own `Retry-After`); None when none was left out for that."""
+    times = [back for excluded in decision.excluded if excluded.reason == REASON_UNHEALTHY
+             if (back := stats.target(excluded.key).back_at()) is not None]
+    return min(times) - now if times else None
 
 
 ROUTING = web.AppKey("routegate.routing", RoutingHook)

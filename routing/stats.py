@@ -43,6 +43,7 @@ class TargetSnapshot:
     error_rate: float = 0.0  # EWMA of 0/1 outcomes
     last_error_at: float | None = None
     unhealthy_until: float | None = None  # set by the gateway's health checks / breaker
+    retry_after_until: float | None = None  # the backend's own `Retry-After` on a 429/503
     in_flight: int = 0  # requests the gateway has sent and not finished
     queue_depth: int = 0  # requests waiting in the gateway's queue for this target
     backend_waiting: int | None = None  # the backend's own /metrics, when it has them
@@ -57,6 +58,15 @@ class TargetSnapshot:
         failing = self.samples >= UNHEALTHY_MIN_SAMPLES and self.error_rate >= UNHEALTHY_ERROR_RATE
         return not (failing and self.last_error_at is not None
                     and now - self.last_error_at < RETRY_UNHEALTHY_AFTER_S)
+
+    def back_at(self) -> float | None:
+        """When routing will try this unhealthy target again, and not before the backend
+        asked to be left alone (its `Retry-After`); None when nothing holds it back."""
+        times = [t for t in (self.unhealthy_until, self.retry_after_until) if t is not None]
+        if self.last_error_at is not None and self.samples >= UNHEALTHY_MIN_SAMPLES \
+                and self.error_rate >= UNHEALTHY_ERROR_RATE:
+            times.append(self.last_error_at + RETRY_UNHEALTHY_AFTER_S)
+        return max(times) if times else None
 
     def load_is_fresh(self, now: float) -> bool:
         return self.load_at is not None and now - self.load_at <= LOAD_FRESH_S
@@ -154,11 +164,15 @@ class LiveStats:
     def mark_unhealthy(self, key: str, until: float) -> None:
         self._update(key)[0]["unhealthy_until"] = until
 
-    def record_error(self, key: str, now: float) -> None:
-        """A connect error, timeout, 5xx or 429 from the target."""
+    def record_error(self, key: str, now: float, *, retry_after_s: float | None = None,
+                     ) -> None:
+        """A connect error, timeout, 5xx or 429 from the target; `retry_after_s`: how
+        long it asked to be left alone (its `Retry-After`)."""
         values, _ = self._update(key)
         values.update(samples=values["samples"] + 1, last_error_at=now,
                       error_rate=_ewma(values["error_rate"], 1.0, ERROR_ALPHA))
+        if retry_after_s is not None:
+            values["retry_after_until"] = now + retry_after_s
 
     def record_success(self, key: str, *, network_ms: float | None, ttft_ms: float | None,
                        total_ms: float | None, output_tokens: int,

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -46,6 +48,24 @@ class UpstreamFailure(Exception):
         self.body = body
         self.headers = dict(headers or {})
         self.cannot = cannot  # the backend answered it cannot do what was asked
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """How long the backend asked to be left alone (`retry-after-ms`, or
+        `Retry-After` in seconds or as an HTTP date), when it said so."""
+        lowered = {name.lower(): value for name, value in self.headers.items()}
+        try:
+            if "retry-after-ms" in lowered:
+                return max(0.0, float(lowered["retry-after-ms"]) / 1000.0)
+            value = lowered.get("retry-after")
+            if value is None:
+                return None
+            if value.strip().isdigit():
+                return float(value)
+            when = parsedate_to_datetime(value)
+        except (ValueError, TypeError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,7 @@ def incapable(status: int, error: object) -> Incapable | None:
             return None
         code = CONTEXT_LENGTH_EXCEEDED
     return Incapable(str(code), param if isinstance(param, str) else None, message[:300])
+
 
 
 _GATEWAY_CREDENTIALS_REFUSED = (401, 403)

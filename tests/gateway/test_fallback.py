@@ -156,3 +156,22 @@ async def test_a_backend_whose_connections_are_all_stuck_falls_back_under_pressu
             statuses = await asyncio.gather(*(one() for _ in range(150)))
 
     assert Counter(statuses) == {200: 150}
+
+
+async def test_a_503_for_backends_marked_down_after_429s_says_when_to_come_back(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first = await start_upstream(Behaviour(status=429, retry_after="30"))
+    second = await start_upstream(Behaviour(status=429, retry_after="20"))
+    gateway = await start_gateway(two_backend_policy(first.url, second.url))
+
+    async with aiohttp.ClientSession() as session:
+        statuses = []
+        for _ in range(4):  # each 429 counts against both: unhealthy after three
+            async with session.post(gateway.url + "/v1/chat/completions",
+                                    json=BODY) as response:
+                statuses.append(response.status)
+                retry_after = response.headers.get("Retry-After")
+
+    assert statuses == [429, 429, 429, 503]
+    # the first backend back is the one that asked for 20 s
+    assert retry_after is not None and 15 <= int(retry_after) <= 20

@@ -91,3 +91,14 @@ def test_a_target_changed_many_times_is_frozen_once_when_read() -> None:
     assert (target.in_flight, target.samples, target.service_ms) == (0, 1, 10.0)
     stats.set_queue_depth("other/m", 2)
     assert stats.snapshot().target(KEY) is target  # unchanged targets are not rebuilt
+
+
+def test_an_unhealthy_target_is_back_when_retried_but_never_before_its_retry_after() -> None:
+    stats = LiveStats()
+    for now in (100.0, 101.0, 102.0):
+        stats.record_error("a/m", now)
+        stats.record_error("b/m", now, retry_after_s=60.0)
+    snapshot = stats.snapshot()
+    assert snapshot.target("a/m").back_at() == 102.0 + RETRY_UNHEALTHY_AFTER_S
+    assert snapshot.target("b/m").back_at() == 162.0
+    assert snapshot.target("c/m").back_at() is None
