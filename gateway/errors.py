@@ -39,6 +39,9 @@ class GatewayError(Exception):
     code: ClassVar[str | None] = "internal_error"
     type: ClassVar[str] = "server_error"
     retryable: ClassVar[bool] = False
+    # False where another part reports these in summary (an outage: one line per
+    # interval with a count, not one per request); the middleware logs each at DEBUG
+    log_each: ClassVar[bool] = True
 
     def __init__(self, message: str, *, param: str | None = None,
                  headers: Mapping[str, str] | None = None, code: str | None = None,
@@ -220,7 +223,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if not response.prepared:
             response.headers["Server-Timing"] = timing.header()
         return response
-    if error.status >= 500:
+    if not error.log_each:
+        log.debug("%s %s -> %d %s", request.method, request.path, error.status, error.message)
+    elif error.status >= 500:
         log.warning("%s %s -> %d %s", request.method, request.path, error.status, error.message)
     else:
         log.info("%s %s -> %d %s", request.method, request.path, error.status, error.message)

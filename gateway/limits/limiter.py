@@ -66,6 +66,7 @@ class LimitStoreUnavailable(GatewayError):
     code = "rate_limit_store_unavailable"
     type = "server_error"
     retryable = True
+    log_each = False  # the failover store reports the outage, with a count, per interval
 
 
 @dataclass(slots=True)

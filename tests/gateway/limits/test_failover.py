@@ -234,3 +234,38 @@ async def test_spend_replayed_after_an_outage_is_not_counted_twice_in_the_next(
     await store.aclose()
     assert second_outage.reservation.store == "fallback"
     assert second_outage.spent_day_micros == 600
+
+
+async def test_one_restart_of_redis_is_one_outage(redis_server: RedisServer) -> None:
+    store = failover(redis_server)
+    # a burst opens the pool's connections; each is dead once Redis restarts
+    await asyncio.gather(*(admit(store, f"warm{n}") for n in range(64)))
+    redis_server.kill()
+    await admit(store, "during")
+    redis_server.start()
+    await wait_until_healthy(store)
+    roomy = (Scope("tenant", 100_000, None),)
+    for burst in range(5):
+        decisions = await asyncio.gather(*(
+            store.admit("acme", roomy, 1, BudgetLimits(), T0, f"b{burst}-{n}")
+            for n in range(64)))
+        await asyncio.sleep(0.02)
+    await store.aclose()
+    assert store.outages == 1
+    assert {d.reservation.store for d in decisions if d.reservation} == {"redis"}
+
+
+async def test_an_outage_is_summarised_once_per_interval_with_a_count(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    store = FailoverStore(RedisStore(connect(redis_server.url, socket_timeout_s=0.2)),
+                          on_error="fail_closed", probe_interval_s=0.05, log_interval_s=0.3)
+    redis_server.kill()
+    with caplog.at_level(logging.WARNING, logger="routegate.limits"):
+        for n in range(40):
+            with contextlib.suppress(StoreUnavailable):
+                await admit(store, f"r{n}")
+            await asyncio.sleep(0.02)
+    await store.aclose()
+    summaries = [r.getMessage() for r in caplog.records if "still unavailable" in r.getMessage()]
+    assert 1 <= len(summaries) <= 4  # about 0.8 s of outage, one line per 0.3 s
+    assert "requests refused" in summaries[0]

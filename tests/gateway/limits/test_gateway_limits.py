@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 
 import aiohttp
 import openai
@@ -250,3 +251,21 @@ async def test_the_reservation_expects_the_output_of_every_choice(
         assert response.status == 200
         # the headers leave with the reservation: the input plus 3 × 1000 output tokens
         assert int(response.headers["x-ratelimit-remaining-tokens"]) <= 100_000 - 3000
+
+
+async def test_requests_refused_during_an_outage_are_not_logged_one_by_one(
+        start_upstream: StartUpstream, start_gateway: StartGateway,
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    upstream = await start_upstream()
+    policy = limited_policy(upstream.url, store=redis_server.url)
+    policy["limits"]["on_store_error"] = "fail_closed"
+    gateway = await start_gateway(policy)
+    redis_server.kill()
+    with caplog.at_level(logging.INFO):
+        async with aiohttp.ClientSession() as session:
+            for _ in range(20):
+                async with session.post(gateway.base_url + "/chat/completions", json={
+                        "model": "chat", "messages": MESSAGES}) as response:
+                    assert response.status == 503
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "unavailable" in warnings[0].getMessage()
