@@ -42,6 +42,8 @@ class GatewayError(Exception):
     # False where another part reports these in summary (an outage: one line per
     # interval with a count, not one per request); the middleware logs each at DEBUG
     log_each: ClassVar[bool] = True
+    # the connection closes once the error is sent (what is left of it is not read)
+    ends_connection: ClassVar[bool] = False
 
     def __init__(self, message: str, *, param: str | None = None,
                  headers: Mapping[str, str] | None = None, code: str | None = None,
@@ -108,6 +110,19 @@ class PayloadTooLarge(GatewayError):
     status = 413
     code = "request_too_large"
     type = "invalid_request_error"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    code = "request_timeout"
+    type = "invalid_request_error"
+    ends_connection = True  # the client stopped sending: nothing more is read
+
+
+class TooManyConnections(GatewayError):
+    status = 429
+    code = "too_many_connections"
+    type = "rate_limit_error"
 
 
 class RequestLineTooLong(GatewayError):
@@ -231,4 +246,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.info("%s %s -> %d %s", request.method, request.path, error.status, error.message)
     rendered = error.to_response()
     rendered.headers["Server-Timing"] = timing.header()
+    if error.ends_connection:
+        # Sent now and the connection closed behind it: aiohttp would otherwise linger,
+        # reading what is left of a body that has stopped coming (`lingering_time`).
+        await rendered.prepare(request)
+        await rendered.write_eof()
+        request.protocol.force_close()
     return rendered

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from random import getrandbits
 
 import orjson
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from gateway.api.validate import model_name
 from gateway.auth import TENANT_HEADER, Authenticator
@@ -44,6 +44,7 @@ from gateway.errors import (
     NoBackendAvailable,
     PayloadTooLarge,
     RateLimited,
+    RequestTimeout,
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
@@ -132,7 +133,9 @@ class Pipeline:
         ctx.response_headers[TENANT_HEADER] = identity.tenant
 
     async def read_body(self, ctx: RequestContext) -> None:
-        ctx.raw = await read_limited(ctx.request, ctx.policy.file.server.max_body_bytes)
+        server = ctx.policy.file.server
+        ctx.raw = await read_limited(ctx.request, server.max_body_bytes,
+                                     server.body_read_timeout_s)
 
     async def parse(self, ctx: RequestContext) -> None:
         if not ctx.raw.strip():
@@ -333,25 +336,42 @@ class Pipeline:
         return last.error.__class__(summary)
 
 
-async def read_limited(request: web.Request, limit: int) -> bytes:
+async def read_limited(request: web.Request, limit: int, pause_s: float) -> bytes:
     """The request body, or 413 once it is known to exceed `limit` bytes: by its
     Content-Length before reading, else counted as it arrives, never held whole. Counted
     even with a Content-Length: a `Content-Encoding: gzip` body is inflated as it is read,
-    and its Content-Length says nothing about what it inflates to."""
+    and its Content-Length says nothing about what it inflates to. A body that stops
+    arriving for `pause_s` is a 408 (no timer when it is all here already)."""
     length = request.content_length
     if length is not None and length > limit:
         raise _too_large(limit)
-    chunks, size, content = [], 0, request.content
+    content = request.content
     try:
-        while chunk := await content.readany():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-            if content.at_eof():  # the usual small body: in one piece, no second read
-                break
+        if content.is_eof():  # the usual small body: all here with the head
+            return await _read_chunks(content, limit, None)
+        async with asyncio.timeout(pause_s) as pause:
+            return await _read_chunks(content, limit, (pause, pause_s))
     except web.RequestPayloadError as exc:  # bad chunking or a body that does not inflate
         raise BadRequest(f"We could not read the body of your request ({exc}).") from exc
+    except TimeoutError:
+        raise RequestTimeout(f"The request body stopped arriving for {pause_s:g} s "
+                             "(server.body_read_timeout_s).") from None
+
+
+async def _read_chunks(content: StreamReader, limit: int,
+                       pause: tuple[asyncio.Timeout, float] | None) -> bytes:
+    """`content` to its end, at most `limit` bytes; `pause` moved on at each chunk."""
+    chunks, size = [], 0
+    while chunk := await content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if content.at_eof():  # in one piece: no second read
+            break
+        if pause is not None:
+            timer, pause_s = pause
+            timer.reschedule(asyncio.get_running_loop().time() + pause_s)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

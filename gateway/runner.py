@@ -1,6 +1,6 @@
 """`GatewayRunner`: the `AppRunner` routegate serves with (`routegate serve`, the tests).
 
-Two things differ from aiohttp's own runner:
+Three things differ from aiohttp's own runner:
 
 - **Fixed-path routes by a dict lookup** (`FixedPaths`, below).
 - **Malformed HTTP gets an OpenAI-shaped answer, and nothing of it is logged**
@@ -10,6 +10,13 @@ Two things differ from aiohttp's own runner:
   line with one stray byte put its API key in the log. Here the client gets a JSON
   error naming the kind of fault (431 for a line too long, 400 otherwise) and the log
   one line with the exception's class, never its text.
+- **Slow and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`): a
+  request's head must be complete within `server.header_read_timeout_s` of its first
+  byte (else a 408 and the connection closes: headers trickled a byte at a time hold
+  nothing for long), and one client address holds at most
+  `server.max_connections_per_client` connections (more are answered 429 and closed
+  at once). An idle kept-alive connection is aiohttp's keep-alive timeout's business;
+  a stalled body is the pipeline's (`read_limited`, `server.body_read_timeout_s`).
 
 Fixed paths:
 
@@ -31,17 +38,29 @@ needed for them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import cast
+from http import HTTPStatus
+from typing import Any, cast
 
+import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import MatchedSubAppResource, PlainResource, UrlMappingMatchInfo
 
-from gateway.errors import BadRequest, GatewayError, InternalError, RequestLineTooLong
+from gateway.app import LIVE_POLICY
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    InternalError,
+    RequestLineTooLong,
+    RequestTimeout,
+    TooManyConnections,
+)
+from policies.schema import ServerSettings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger("routegate.server")
@@ -56,16 +75,104 @@ class GatewayRunner(web.AppRunner):
         server.request_handler = FixedPaths(self.app, server.request_handler)
         # The app built the server; only the class of its connections' protocol changes.
         server.__class__ = _Server
+        live = self.app.get(LIVE_POLICY)
+        cast(_Server, server).guard = ClientGuard(
+            (lambda: live.current.file.server) if live is not None else ServerSettings)
         return server
 
 
+class ClientGuard:
+    """Connections open per client address, against the live `server` settings."""
+
+    def __init__(self, settings: Callable[[], ServerSettings]) -> None:
+        self.settings = settings
+        self.open: dict[str, int] = {}
+
+    def admit(self, address: str) -> bool:
+        count = self.open.get(address, 0)
+        if count >= self.settings().max_connections_per_client:
+            return False
+        self.open[address] = count + 1
+        return True
+
+    def release(self, address: str) -> None:
+        count = self.open.pop(address, 1) - 1
+        if count:
+            self.open[address] = count
+
+
 class _Server(web.Server):
+    guard: ClientGuard
+
     def __call__(self) -> RequestHandler:
         return _RequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+def _raw_reply(error: GatewayError) -> bytes:
+    """A whole HTTP response for a connection no request handler is serving."""
+    body = orjson.dumps(error.body())
+    return (f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
 class _RequestHandler(RequestHandler):
-    __slots__ = ()
+    __slots__ = ("_address", "_guard", "_head_timer", "awaiting_head")
+
+    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = manager.guard
+        self._address: str | None = None  # counted against the cap while connected
+        self._head_timer: asyncio.TimerHandle | None = None
+        self.awaiting_head = True  # between requests: the next bytes start a head
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) else None  # a Unix socket: no cap
+        if address is None:
+            return
+        if self._guard.admit(address):
+            self._address = address
+            return
+        log.info("connection from %s refused: over server.max_connections_per_client",
+                 address)
+        cast(asyncio.Transport, transport).write(_raw_reply(TooManyConnections(
+            "This client address has too many connections open to the gateway "
+            "(server.max_connections_per_client); reuse or close some.")))
+        transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._address is not None:
+            self._guard.release(self._address)
+            self._address = None
+        self.head_read()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.awaiting_head and self._head_timer is None:
+            self._head_timer = asyncio.get_running_loop().call_later(
+                self._guard.settings().header_read_timeout_s, self._head_too_slow)
+        super().data_received(data)
+
+    def head_read(self) -> None:
+        """A whole request head has arrived (its handler runs now)."""
+        self.awaiting_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if transport is None or not self.awaiting_head:
+            return
+        timeout_s = self._guard.settings().header_read_timeout_s
+        log.info("request head from %s incomplete after %g s: 408", self._address, timeout_s)
+        transport.write(_raw_reply(RequestTimeout(
+            f"The request's headers did not arrive within {timeout_s:g} s "
+            "(server.header_read_timeout_s).")))
+        transport.close()
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
@@ -131,6 +238,16 @@ class FixedPaths:
         return frozenset(self._routes)
 
     async def __call__(self, base: web.BaseRequest) -> web.StreamResponse:
+        protocol = base.protocol
+        if not isinstance(protocol, _RequestHandler):
+            return await self._serve(base)
+        protocol.head_read()
+        try:
+            return await self._serve(base)
+        finally:  # whatever arrives next starts the next request's head
+            protocol.awaiting_head = True
+
+    async def _serve(self, base: web.BaseRequest) -> web.StreamResponse:
         request = cast(web.Request, base)  # the app's request factory makes `Request`s
         found = self._routes.get((request.method, request.rel_url.path_safe))
         if found is None:

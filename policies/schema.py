@@ -229,6 +229,13 @@ class ServerSettings(FileModel):
     max_event_bytes: PositiveInt = 1024 * 1024
     """Largest single event of a backend's stream; past it the stream ends with an error
     event naming this setting."""
+    header_read_timeout_s: PositiveFloat = 10.0
+    """Seconds from a request's first byte until its headers are complete; a client slower
+    than that gets 408 and the connection closes."""
+    body_read_timeout_s: PositiveFloat = 30.0
+    """Longest pause while a request body arrives; past it, 408 and the connection closes."""
+    max_connections_per_client: PositiveInt = 1024
+    """Connections one client address may hold open; more are answered 429 and closed."""
 
 
 # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name

@@ -116,7 +116,8 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
     identity = pipeline.auth.authenticate(request, policy)
-    raw = await read_limited(request, policy.file.server.max_body_bytes)
+    raw = await read_limited(request, policy.file.server.max_body_bytes,
+                             policy.file.server.body_read_timeout_s)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -1,0 +1,100 @@
+"""Slow and greedy clients hold nothing for long: a head trickled byte by byte and a
+body that stalls are a 408, and one address holds a bounded number of connections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import orjson
+
+from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
+
+CHAT = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+
+
+async def _gateway(start_upstream: StartUpstream, start_gateway: StartGateway,
+                   **server: object) -> RunningGateway:
+    upstream = await start_upstream()
+    return await start_gateway(single_backend_policy(upstream.url, server=server))
+
+
+async def _open(gateway: RunningGateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    port = int(gateway.url.rsplit(":", 1)[1])
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and body of the one response on a connection the gateway then closes."""
+    raw = await asyncio.wait_for(reader.read(), 5.0)  # to EOF: the connection closes
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_a_head_trickled_a_byte_at_a_time_is_a_408_and_the_connection_closes(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.4)
+    reader, writer = await _open(gateway)
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        for byte in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: yes":
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.05)
+
+    trickling = asyncio.create_task(trickle())
+    status, body = await _answer(reader)
+    trickling.cancel()
+    writer.close()
+
+    assert status == 408 and orjson.loads(body)["error"]["code"] == "request_timeout"
+    assert time.monotonic() - started < 2.0
+
+
+async def test_a_body_that_stalls_is_a_408(start_upstream: StartUpstream,
+                                           start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, body_read_timeout_s=0.3)
+    reader, writer = await _open(gateway)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                 % (len(CHAT), CHAT[:10]))  # the rest never comes
+
+    status, body = await _answer(reader)
+    writer.close()
+
+    assert status == 408
+    assert "server.body_read_timeout_s" in orjson.loads(body)["error"]["message"]
+
+
+async def test_connections_past_the_per_client_cap_are_refused_at_once(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, max_connections_per_client=4)
+    held = [await _open(gateway) for _ in range(4)]
+
+    reader, writer = await _open(gateway)
+    status, body = await _answer(reader)
+    writer.close()
+    assert status == 429 and orjson.loads(body)["error"]["code"] == "too_many_connections"
+
+    held.pop()[1].close()  # one closed: the next is served
+    await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", data=CHAT,
+            headers={"Content-Type": "application/json"}) as response:
+        assert response.status == 200
+    for _, idle in held:
+        idle.close()
+
+
+async def test_a_kept_alive_connection_may_idle_longer_than_the_head_timeout(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.2)
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(2):
+            async with session.post(gateway.base_url + "/chat/completions", data=CHAT,
+                                    headers={"Content-Type": "application/json"}) as response:
+                assert response.status == 200
+                await response.read()
+            await asyncio.sleep(0.5)
