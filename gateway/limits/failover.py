@@ -5,9 +5,9 @@ this replica's share of every limit (`limit // replicas`), so N replicas
 together still admit about the global limit. Either way, once one call has
 failed no request touches Redis until a background probe (a PING every
 `probe_interval_s`, bounded by the client's timeouts) sees it answer again, so
-no request waits on a dead Redis. Declaring an outage drops every pooled
-connection, so a restarted Redis is met with new ones only: one restart is one
-outage, not a "back"/"unavailable" flap as stale connections fail one by one. The
+no request waits on a dead Redis. Ending an outage drops every pooled
+connection first, so a restarted Redis is met with new ones only: one restart is
+one outage, not a "back"/"unavailable" flap as stale connections fail one by one. The
 outage is logged when it starts, once per `log_interval_s` while it lasts (with
 the count of requests decided locally or refused meanwhile; they are not logged
 one by one) and when it ends, and counted.
@@ -227,7 +227,6 @@ class FailoverStore:
         logged_at, affected = time.monotonic(), self._affected()
         while True:
             if not self.healthy:
-                await self.primary.drop_connections()
                 await asyncio.sleep(self.probe_interval_s)
                 if time.monotonic() - logged_at >= self.log_interval_s:
                     logged_at, before, affected = time.monotonic(), affected, self._affected()
@@ -254,6 +253,8 @@ class FailoverStore:
             # it would count twice in the next outage.
             self.fallback.clear_ledger()
             if not self.healthy:
+                # opened before the outage, most lead nowhere now: requests open anew
+                await self.primary.drop_connections()
                 log.warning("rate limit store is back after %.1f s; using it again",
                             time.monotonic() - self._down_since)
                 self.healthy = True
