@@ -46,7 +46,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import orjson
-from aiohttp import hdrs, web
+from aiohttp import StreamReader, hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import MatchedSubAppResource, PlainResource, UrlMappingMatchInfo
@@ -117,7 +117,7 @@ def _raw_reply(error: GatewayError) -> bytes:
 
 
 class _RequestHandler(RequestHandler):
-    __slots__ = ("_address", "_guard", "_head_timer", "awaiting_head")
+    __slots__ = ("_address", "_guard", "_head_timer", "_unread_body", "awaiting_head")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -125,6 +125,9 @@ class _RequestHandler(RequestHandler):
         self._address: str | None = None  # counted against the cap while connected
         self._head_timer: asyncio.TimerHandle | None = None
         self.awaiting_head = True  # between requests: the next bytes start a head
+        # a finished request's body still arriving (a 413 sent before it was read):
+        # what comes before its end is not the next request's head
+        self._unread_body: StreamReader | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -150,7 +153,9 @@ class _RequestHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.awaiting_head and self._head_timer is None:
+        if self._unread_body is not None and self._unread_body.is_eof():
+            self._unread_body, self.awaiting_head = None, True
+        if self.awaiting_head and self._head_timer is None and data:  # b"": a resume
             self._head_timer = asyncio.get_running_loop().call_later(
                 self._guard.settings().header_read_timeout_s, self._head_too_slow)
         super().data_received(data)
@@ -161,6 +166,14 @@ class _RequestHandler(RequestHandler):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def request_done(self, body: StreamReader) -> None:
+        """A request's handler has returned: whatever arrives after its body is the
+        next request's head."""
+        if body.is_eof():
+            self.awaiting_head = True
+        else:
+            self._unread_body = body
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
@@ -244,8 +257,8 @@ class FixedPaths:
         protocol.head_read()
         try:
             return await self._serve(base)
-        finally:  # whatever arrives next starts the next request's head
-            protocol.awaiting_head = True
+        finally:
+            protocol.request_done(base.content)
 
     async def _serve(self, base: web.BaseRequest) -> web.StreamResponse:
         request = cast(web.Request, base)  # the app's request factory makes `Request`s

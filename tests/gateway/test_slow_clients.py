@@ -98,3 +98,25 @@ async def test_a_kept_alive_connection_may_idle_longer_than_the_head_timeout(
                 assert response.status == 200
                 await response.read()
             await asyncio.sleep(0.5)
+
+
+async def test_the_rest_of_a_refused_body_is_not_taken_for_a_slow_head(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.2,
+                             max_body_bytes=1000)
+    reader, writer = await _open(gateway)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    for _ in range(10):  # the body keeps coming after the 413, for longer than 0.2 s
+        writer.write(b"x" * 10_000)
+        await asyncio.sleep(0.06)
+    received = b""
+    try:
+        async with asyncio.timeout(1.0):
+            while data := await reader.read(65536):
+                received += data
+    except TimeoutError:
+        pass  # kept alive after its answer
+    writer.close()
+
+    assert received.startswith(b"HTTP/1.1 413 ") and received.count(b"HTTP/1.1 ") == 1
