@@ -26,6 +26,9 @@ _USAGE = b'"usage"'
 _NULL_USAGE = (b'"usage":null', b'"usage": null')
 # a choice that finished: with `[DONE]`, what tells a whole stream from a cut one
 _FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
+# ... and for a Responses API stream (passed through from a native backend), its end
+_RESPONSES = b'"response.'
+_RESPONSES_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
 _ERROR = b'{"error"'  # an OpenAI-style error event: the backend's own end of a stream
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 MAX_EVENT_BYTES = 1 << 20
@@ -62,7 +65,7 @@ class SseRelay:
     @property
     def complete(self) -> bool:
         """The backend ended its stream as a whole one ends (`[DONE]`, a finish reason,
-        or its own error event), not merely stopped."""
+        a Responses stream's last event, or its own error event), not merely stopped."""
         if self.done or self.finished:
             return True
         last = self._last
@@ -77,7 +80,8 @@ class SseRelay:
         if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
             # (after joining: a read may end between the \r and the \n)
             data = data.replace(b"\r\n", b"\n")
-        if not self.finished and (_FINISHED[0] in data or _FINISHED[1] in data):
+        if not self.finished and (_FINISHED[0] in data or _FINISHED[1] in data or (
+                _RESPONSES in data and any(end in data for end in _RESPONSES_ENDS))):
             self.finished = True
         events = data.count(b"\n\n")
         # the common case: whole one-line `data: {…}` token events, nothing to look at

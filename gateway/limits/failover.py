@@ -186,6 +186,8 @@ class FailoverStore:
         self._defer(_Deferred(reservation, actual_tokens, charge, now))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
+        if not self.healthy:  # as admissions: nothing touches Redis until the probe says
+            raise StoreUnavailable("the rate limit store is unavailable")
         return await self.primary.usage(tenant, now)
 
     async def aclose(self) -> None:
