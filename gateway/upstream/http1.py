@@ -34,7 +34,6 @@ buffers is discarded, not flushed to the backend.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -55,6 +54,7 @@ from aiohttp.http import RawResponseMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.upstream.flow_control import drained_or_answered
 from gateway.upstream.tls import tls_context
 
 USER_AGENT = "routegate"
@@ -378,34 +378,13 @@ async def _write_with_flow_control(
             return None
         transport.write(view[start:start + WRITE_SLICE_BYTES])
         if protocol.writing_paused:
-            answered = await _drained_or_answered(protocol)
+            answered = await drained_or_answered(protocol)
             if answered is not None:
                 protocol.force_close()
                 return answered
             if response._client is None:  # `_expire` finished the response meanwhile
                 raise ServerTimeoutError("Total timeout: the backend did not read the "
                                          "request body in time")
-    return None
-
-
-async def _drained_or_answered(
-        protocol: ResponseHandler) -> tuple[RawResponseMessage, StreamReader] | None:
-    """Wait for the transport to drain; the backend's answer if it comes first."""
-    draining = asyncio.ensure_future(protocol._drain_helper())
-    reading = asyncio.ensure_future(protocol.read())
-    try:
-        await asyncio.wait((draining, reading), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in (draining, reading):
-            if not waiter.done():
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                    await waiter
-    if reading.done() and not reading.cancelled() and reading.exception() is None:
-        return reading.result()
-    if draining.done() and not draining.cancelled():
-        with contextlib.suppress(ConnectionError):  # closed: `read()` says why, next
-            draining.result()
     return None
 
 
