@@ -345,34 +345,30 @@ async def read_limited(request: web.Request, limit: int, pause_s: float) -> byte
     length = request.content_length
     if length is not None and length > limit:
         raise _too_large(limit)
-    content = request.content
+    chunks, size, content = [], 0, request.content
     try:
-        if content.is_eof():  # the usual small body: all here with the head
-            return await _read_chunks(content, limit, None)
-        async with asyncio.timeout(pause_s) as pause:
-            return await _read_chunks(content, limit, (pause, pause_s))
+        # the usual small body came with the head: read at once, no timer
+        while chunk := (await content.readany() if content.is_eof()
+                        else await _arriving(content, pause_s)):
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if content.at_eof():  # in one piece: no second read
+                break
     except web.RequestPayloadError as exc:  # bad chunking or a body that does not inflate
         raise BadRequest(f"We could not read the body of your request ({exc}).") from exc
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _arriving(content: StreamReader, pause_s: float) -> bytes:
+    """The next piece of a body still arriving; a 408 after `pause_s` without one."""
+    try:
+        async with asyncio.timeout(pause_s):
+            return await content.readany()
     except TimeoutError:
         raise RequestTimeout(f"The request body stopped arriving for {pause_s:g} s "
                              "(server.body_read_timeout_s).") from None
-
-
-async def _read_chunks(content: StreamReader, limit: int,
-                       pause: tuple[asyncio.Timeout, float] | None) -> bytes:
-    """`content` to its end, at most `limit` bytes; `pause` moved on at each chunk."""
-    chunks, size = [], 0
-    while chunk := await content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-        if content.at_eof():  # in one piece: no second read
-            break
-        if pause is not None:
-            timer, pause_s = pause
-            timer.reschedule(asyncio.get_running_loop().time() + pause_s)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -138,8 +138,9 @@ class _RequestHandler(RequestHandler):
         if self._guard.admit(address):
             self._address = address
             return
-        log.info("connection from %s refused: over server.max_connections_per_client",
-                 address)
+        # a flood of them is what the cap is for: not a log line each
+        log.debug("connection from %s refused: over server.max_connections_per_client",
+                  address)
         cast(asyncio.Transport, transport).write(_raw_reply(TooManyConnections(
             "This client address has too many connections open to the gateway "
             "(server.max_connections_per_client); reuse or close some.")))
@@ -155,7 +156,10 @@ class _RequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._unread_body is not None and self._unread_body.is_eof():
             self._unread_body, self.awaiting_head = None, True
-        if self.awaiting_head and self._head_timer is None and data:  # b"": a resume
+        # no timer for a head that arrives whole (the usual request, in one read);
+        # b"" is aiohttp resuming its parser, not bytes from the client
+        if self.awaiting_head and self._head_timer is None and data \
+                and b"\r\n\r\n" not in data:
             self._head_timer = asyncio.get_running_loop().call_later(
                 self._guard.settings().header_read_timeout_s, self._head_too_slow)
         super().data_received(data)
@@ -251,25 +255,23 @@ class FixedPaths:
         return frozenset(self._routes)
 
     async def __call__(self, base: web.BaseRequest) -> web.StreamResponse:
-        protocol = base.protocol
-        if not isinstance(protocol, _RequestHandler):
-            return await self._serve(base)
-        protocol.head_read()
-        try:
-            return await self._serve(base)
-        finally:
-            protocol.request_done(base.content)
-
-    async def _serve(self, base: web.BaseRequest) -> web.StreamResponse:
         request = cast(web.Request, base)  # the app's request factory makes `Request`s
-        found = self._routes.get((request.method, request.rel_url.path_safe))
-        if found is None:
-            return await self._fallback(request)
-        handler, match_info = found
-        request._match_info = match_info
-        if request.headers.get(hdrs.EXPECT):  # as the app does: before the handler
-            response = await match_info.expect_handler(request)
-            await request.writer.drain()
-            if response is not None:
-                return response
-        return await handler(request)
+        protocol = base.protocol
+        guarded = protocol if isinstance(protocol, _RequestHandler) else None
+        if guarded is not None:
+            guarded.head_read()
+        try:
+            found = self._routes.get((request.method, request.rel_url.path_safe))
+            if found is None:
+                return await self._fallback(request)
+            handler, match_info = found
+            request._match_info = match_info
+            if request.headers.get(hdrs.EXPECT):  # as the app does: before the handler
+                response = await match_info.expect_handler(request)
+                await request.writer.drain()
+                if response is not None:
+                    return response
+            return await handler(request)
+        finally:
+            if guarded is not None:
+                guarded.request_done(base.content)

@@ -23,7 +23,6 @@ import orjson
 DONE_EVENT = b"data: [DONE]\n\n"
 _DONE = b"[DONE]"
 _USAGE = b'"usage"'
-_NULL_USAGE = (b'"usage":null', b'"usage": null')
 # a choice that finished: with `[DONE]`, what tells a whole stream from a cut one
 _FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
 # ... and for a Responses API stream (passed through from a native backend), its end
