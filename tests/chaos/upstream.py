@@ -62,6 +62,7 @@ class ChaosUpstream:
         self.served: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # each connection's, to end them
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0,
@@ -72,12 +73,18 @@ class ChaosUpstream:
         if self._server is not None:
             self._server.close()
             for writer in list(self._connections):
-                writer.transport.abort()
+                writer.transport.abort()  # each handler sees its connection end, and ends
+            if self._handlers:
+                await asyncio.wait(self._handlers, timeout=5)
             await self._server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
         try:
             while True:  # kept alive: one request after another
                 head = await reader.readuntil(b"\r\n\r\n")
