@@ -16,7 +16,7 @@ Three things differ from aiohttp's own runner:
   nothing for long), and one client address holds at most
   `server.max_connections_per_client` connections (more are answered 429 and closed
   at once). An idle kept-alive connection is aiohttp's keep-alive timeout's business;
-  a stalled body is the pipeline's (`read_limited`, `server.body_read_timeout_s`).
+  a stalled body is the body reader's (`request_body.py`, `server.body_read_timeout_s`).
 
 Fixed paths:
 

@@ -170,6 +170,8 @@ class RedisStore:
     async def drop_connections(self) -> None:
         """Close every pooled connection, in use or idle: after an outage they lead to
         a Redis that is gone (a restarted one knows none of them)."""
+        if not isinstance(self.client, aioredis.Redis):  # a cluster client re-learns its nodes
+            return
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self._op_timeout_s):
                 await self.client.connection_pool.disconnect(inuse_connections=True)
