@@ -174,7 +174,11 @@ class RedisStore:
             return
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self._op_timeout_s):
-                await self.client.connection_pool.disconnect(inuse_connections=True)
+                if isinstance(self.client, RedisCluster):  # a pool per node
+                    await asyncio.gather(*(node.disconnect()
+                                           for node in self.client.get_nodes()))
+                else:
+                    await self.client.connection_pool.disconnect(inuse_connections=True)
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
