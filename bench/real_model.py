@@ -133,7 +133,9 @@ def llama_cpp(python: str, gguf: Path, port: int, threads: int, concurrency: lis
               ) -> Figures:
     base = f"http://127.0.0.1:{port}"
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
-               "--n_threads", str(threads), "--n_ctx", "2048"]
+               "--n_threads", str(threads), "--n_ctx", "2048",
+               # By default a new request cuts off the one streaming: queue it instead.
+               "--interrupt_requests", "False"]
     body = {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0, "stream": True,
             "logit_bias": {str(EOS_ID): -100.0}}
     return serve(command, base + "/v1/models", body, base + "/v1/completions", concurrency)
