@@ -10,10 +10,10 @@ A launched local backend reports at `GET /v1/models`, on each model card:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from policies.schema import Backend, ModelSpec
+from policies.schema import Backend, Capabilities, ModelSpec
 
 FLAGS: Final = ("tools", "vision", "json_mode", "json_schema", "logprobs", "audio")
 
@@ -71,15 +71,16 @@ def from_report(card: Mapping[str, Any]) -> ModelCapabilities | None:
     return ModelCapabilities(**values)
 
 
+_STATED: Final = tuple(Capabilities.model_fields)  # what a policy file may state
+
+
 def resolve(backend: Backend, spec: ModelSpec,
             reported: ModelCapabilities | None = None) -> ModelCapabilities:
     """The model's capabilities: defaults < report < the policy file."""
     base = reported or type_default(backend)
     stated = spec.capabilities
-    overrides: dict[str, Any] = {f.name: getattr(stated, f.name)
-                                 for f in fields(ModelCapabilities)
-                                 if f.name in type(stated).model_fields
-                                 and getattr(stated, f.name) is not None}
+    overrides: dict[str, Any] = {name: getattr(stated, name) for name in _STATED
+                                 if getattr(stated, name) is not None}
     if spec.context_tokens is not None:
         overrides["context_tokens"] = spec.context_tokens
     if spec.max_output_tokens is not None:
