@@ -101,7 +101,11 @@ def explain_file(policy_path: str, request_path: str, *, tenant: str | None = No
     except PolicyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (OSError, ValueError, FeatureError) as exc:  # JSONDecodeError is a ValueError
+    except FeatureError as exc:
+        refused = access_refusal(policy, body, tenant) if exc.not_found else None
+        print(f"error: {request_path}: {refused or exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
         print(f"error: {request_path}: {exc}", file=sys.stderr)
         return 1
     if as_json:
@@ -109,6 +113,24 @@ def explain_file(policy_path: str, request_path: str, *, tenant: str | None = No
     else:
         out.write(render(decision, policy))
     return 0
+
+
+def access_refusal(policy: Policy, body: Mapping[str, Any], tenant: str | None) -> str | None:
+    """Why a model that exists is, to this tenant, one that does not (its access)."""
+    model = body.get("model")
+    tenant = tenant or policy.file.auth.anonymous.tenant
+    if not isinstance(model, str) or policy.resolve_model(model, tenant) is None:
+        return None
+    spec = policy.file.tenants.get(tenant)
+    defaults = policy.file.defaults
+    if model in policy.routes:
+        field, globs = "allow", spec.allow if spec and spec.allow is not None else defaults.allow
+    else:
+        field = "allow_targets"
+        globs = spec.allow_targets if spec and spec.allow_targets is not None \
+            else defaults.allow_targets
+    return (f"access: tenant {tenant!r} may not use {model!r} (its {field}: "
+            f"{', '.join(globs) or 'nothing'}); to it the model does not exist (404)")
 
 
 def _option_problem(policy: Policy, policy_path: str, tenant: str | None,
@@ -141,7 +163,8 @@ def render(decision: RouteDecision, policy: Policy) -> str:
         f"{', tags ' + ','.join(features['tenant_tags']) if features['tenant_tags'] else ''})",
         f"request: {features['input_tokens']} input tokens, {features['output_tokens']} output "
         f"tokens ({features['output_tokens_source']}), PII: "
-        f"{', '.join(features['pii']) or 'none'}, budget TTFT "
+        f"{', '.join(features['pii']) or 'none'}, needs: "
+        f"{', '.join(features['needs']) or 'nothing special'}, budget TTFT "
         f"{_ms(features['ttft_budget_ms'])}, total {_ms(features['total_budget_ms'])}",
         "",
     ]
