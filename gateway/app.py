@@ -17,6 +17,8 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
+from gateway.backend_health import install as install_backend_health
+from gateway.backends_admin import install as install_backends_admin
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
 from gateway.drain import DRAIN, Drain
@@ -92,10 +94,12 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     routing = install_routing(app, hooks, live=live, pool=pool)
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do
+    install_backend_health(app, live, pool, routing.stats)  # active checks per backend
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)
     install_policy_admin(app, live, hooks, settings)
+    install_backends_admin(app, live, pool)  # GET /admin/backends: state, ejections
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
     if settings.launch_board is not None:  # a worker: the supervisor launched them

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.upstream.http1 import Timeouts
@@ -81,7 +82,7 @@ class Deadline:
 
 
 def budgets_ms(policy: Policy, served: str | None,
-               headers: object) -> tuple[float | None, float | None]:
+               headers: Mapping[str, str]) -> tuple[float | None, float | None]:
     """(TTFT, total) budget of the route `served`, tightened by the request's headers. A
     malformed header is routing's to report (400): here it leaves the route's budget."""
     if served is None:
@@ -91,10 +92,8 @@ def budgets_ms(policy: Policy, served: str | None,
     except FeatureError:
         return None, None
     ttft_ms, total_ms = budget.ttft_ms, budget.total_ms
-    get = getattr(headers, "get", None)
-    if get is not None:
-        with contextlib.suppress(FeatureError):
-            ttft_ms = tightened(ttft_ms, get(TTFT_BUDGET_HEADER), TTFT_BUDGET_HEADER)
-        with contextlib.suppress(FeatureError):
-            total_ms = tightened(total_ms, get(TOTAL_BUDGET_HEADER), TOTAL_BUDGET_HEADER)
+    with contextlib.suppress(FeatureError):
+        ttft_ms = tightened(ttft_ms, headers.get(TTFT_BUDGET_HEADER), TTFT_BUDGET_HEADER)
+    with contextlib.suppress(FeatureError):
+        total_ms = tightened(total_ms, headers.get(TOTAL_BUDGET_HEADER), TOTAL_BUDGET_HEADER)
     return ttft_ms, total_ms

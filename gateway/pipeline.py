@@ -49,8 +49,10 @@ from gateway.live_policy import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.request_body import read_limited
+from gateway.retries import RetryPolicy
 from gateway.upstream.openai import UpstreamFailure
-from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.pool import Upstream, UpstreamPool
+from policies.load import ModelTarget
 from policies.model_names import unserved_model
 from routing.decide import RouteDecision
 
@@ -65,6 +67,7 @@ class Pipeline:
         self.pool = pool
         self.hooks = hooks
         self.auth = Authenticator()
+        self.retries = RetryPolicy()
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         ctx = self.begin(request, endpoint)
@@ -214,6 +217,8 @@ class Pipeline:
         # attempt, and another candidate may serve it
         inexpressible: list[BadRequest] = []
         deadline, late = ctx.deadline, []  # fallbacks predicted not to fit what is left
+        retry_settings = ctx.policy.file.resilience.retries
+        self.retries.requested(retry_settings)
         tried = 0
         dialect = ctx.endpoint.dialect
         for index, target in enumerate(ctx.candidates):
@@ -245,59 +250,25 @@ class Pipeline:
                 unavailable.append(f"{target.key}: {refused.message}")
                 continue
             tried += 1
-            attempt = Attempt(target=target)
-            ctx.attempts.append(attempt)
-            # Entered and left by hand, not through an AsyncExitStack (~5 µs a request):
-            # a refusal at the door moves on to the next candidate at no cost.
-            held = ctx.telemetry.queued(target.backend_name, self.hooks.queue.slot(ctx, target))
-            try:
-                await held.__aenter__()
-            except BackendSaturated as refused:  # nothing sent yet: spill to the next
-                ctx.attempts.pop()
-                tried -= 1
-                saturated.append(refused)
-                unavailable.append(refused.message)
-                continue
-            try:
-                ctx.target = target
-                # starts the upstream clock and span; injects this attempt's traceparent
-                traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
-                timeouts = None
-                if deadline is not None:  # after the queue: its wait came out of the budget
-                    now = ctx.timing.clock()
-                    timeouts = deadline.attempt_timeouts(target.backend.timeouts, now)
-                    left = deadline.header_value(now)
-                    if left is not None:
-                        ctx.upstream_headers[DEADLINE_HEADER] = left
-                        traced.deadline(int(left))
+            retried = 0
+            while True:
                 try:
-                    response = await upstream.open(path, body, ctx.upstream_headers,
-                                                   timeouts)
-                    traced.responded(response.headers, response.status)
-                    attempt.status = response.status
-                    if ctx.stream and response.content_type == "text/event-stream":
-                        result = await relay_stream(ctx, response)
-                    else:
-                        result = await relay_body(ctx, response)
-                except UpstreamFailure as failure:
-                    attempt.error, attempt.status = failure.error.message, failure.status
-                    attempt.cannot = failure.cannot
-                    attempt.retry_after_s = failure.retry_after_s
-                    traced.failed(failure.error.message, failure.status)
-                    failures.append(failure)
-                    self._attempt_finished(ctx, attempt)
-                    log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
-                             failure.error.message)
-                    result = None
-            except BaseException as exc:
-                await held.__aexit__(type(exc), exc, exc.__traceback__)
-                raise
-            await held.__aexit__(None, None, None)
-            if result is None:
-                continue
-            traced.end()
-            self._attempt_finished(ctx, attempt)
-            return result
+                    outcome = await self.attempt(ctx, target, upstream, path, body)
+                except BackendSaturated as refused:  # nothing sent yet: spill to the next
+                    tried -= 1
+                    saturated.append(refused)
+                    unavailable.append(refused.message)
+                    break
+                if not isinstance(outcome, UpstreamFailure):
+                    return outcome
+                failures.append(outcome)
+                wait_s = self.retries.wait_s(outcome, retried, retry_settings, deadline,
+                                             ctx.timing.clock())
+                if wait_s is None:
+                    break
+                retried += 1
+                ctx.telemetry.metrics.observe_retry(target.backend_name)
+                await asyncio.sleep(wait_s)
         if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
             raise _deadline_exceeded(ctx, [*unavailable, *late])
         if saturated and not failures:  # shed: 503 with the soonest Retry-After
@@ -305,6 +276,61 @@ class Pipeline:
         if inexpressible and not failures:  # no candidate could take the request as sent
             raise inexpressible[0]
         raise self.exhausted(ctx, failures, unavailable)
+
+    async def attempt(self, ctx: RequestContext, target: ModelTarget, upstream: Upstream,
+                      path: str, body: bytes) -> web.StreamResponse | UpstreamFailure:
+        """One try on `target`: its queue slot, the upstream call and the relay. Returns
+        the response, or the failure when nothing reached the client (the caller may try
+        again or move on); raises `BackendSaturated` when the queue refused it at the door."""
+        deadline = ctx.deadline
+        attempt = Attempt(target=target)
+        ctx.attempts.append(attempt)
+        # Entered and left by hand, not through an AsyncExitStack (~5 µs a request):
+        # a refusal at the door moves on to the next candidate at no cost.
+        held = ctx.telemetry.queued(target.backend_name, self.hooks.queue.slot(ctx, target))
+        try:
+            await held.__aenter__()
+        except BackendSaturated:
+            ctx.attempts.pop()
+            raise
+        try:
+            ctx.target = target
+            # starts the upstream clock and span; injects this attempt's traceparent
+            traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
+            timeouts = None
+            if deadline is not None:  # after the queue: its wait came out of the budget
+                now = ctx.timing.clock()
+                timeouts = deadline.attempt_timeouts(target.backend.timeouts, now)
+                left = deadline.header_value(now)
+                if left is not None:
+                    ctx.upstream_headers[DEADLINE_HEADER] = left
+                    traced.deadline(int(left))
+            result: web.StreamResponse | UpstreamFailure
+            try:
+                response = await upstream.open(path, body, ctx.upstream_headers, timeouts)
+                traced.responded(response.headers, response.status)
+                attempt.status = response.status
+                if ctx.stream and response.content_type == "text/event-stream":
+                    result = await relay_stream(ctx, response)
+                else:
+                    result = await relay_body(ctx, response)
+            except UpstreamFailure as failure:
+                attempt.error, attempt.status = failure.error.message, failure.status
+                attempt.cannot = failure.cannot
+                attempt.retry_after_s = failure.retry_after_s
+                traced.failed(failure.error.message, failure.status)
+                self._attempt_finished(ctx, attempt)
+                log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
+                         failure.error.message)
+                result = failure
+        except BaseException as exc:
+            await held.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await held.__aexit__(None, None, None)
+        if not isinstance(result, UpstreamFailure):
+            traced.end()
+            self._attempt_finished(ctx, attempt)
+        return result
 
     def _attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
         for observer in self.hooks.observers:

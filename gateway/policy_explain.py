@@ -195,6 +195,13 @@ def render(decision: RouteDecision, policy: Policy) -> str:
         if decision.budget_missed:
             lines.append("note: no candidate fits the latency budget; on_budget_miss=fastest "
                          "chose the fastest")
+        spread = data["spread"]
+        if spread is not None:
+            equals = ", ".join(f"{e['target']} (weight {e['weight']:g}, {e['outstanding']} "
+                               "outstanding)" for e in spread["equals"])
+            lines.append(f"spread within {spread['within_percent']:g} %: {equals}; drew "
+                         f"{' and '.join(spread['drawn'])}, the less busy per weight leads "
+                         "(the draws vary per request)")
     if decision.redact:
         lines.append(f"redacted before sending: {', '.join(sorted(decision.redact))}")
     return "\n".join(lines) + "\n"

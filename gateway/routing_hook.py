@@ -6,7 +6,10 @@
     each attempt    the target's in-flight count (waiting in the gateway's queue or
                     running), so predictions see the load this process puts on it
     after attempt   TTFT, decode rate and errors into `LiveStats`; the prediction error
-                    on `ctx.state[PREDICTION_ERROR_STATE]` for the telemetry metric
+                    on `ctx.state[PREDICTION_ERROR_STATE]` for the telemetry metric;
+                    connect errors, timeouts and 5xx in a row eject the target
+                    (`routing.outliers`), and the first attempt after an ejection
+                    is its probe
     every response  `x-routegate-route` (the backend/model that answered or was tried
                     last) and `x-routegate-decision` (the decision id), through the
                     request's `response_headers`
@@ -22,6 +25,7 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from random import random
 from time import monotonic
 from typing import Any
 
@@ -48,6 +52,7 @@ from routing.capabilities import Learned, bits_for_param
 from routing.compliance import REASON_UNHEALTHY
 from routing.decide import Candidate, Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
+from routing.outliers import Ejections
 from routing.pii import PiiScanner
 from routing.stats import LiveStats, StatsSnapshot
 from routing.tokens import TokenCounter
@@ -71,6 +76,7 @@ class RoutingHook:
     def __init__(self, stats: LiveStats | None = None,
                  tokens: TokenCounter | None = None) -> None:
         self.stats = stats or LiveStats()
+        self.ejections = Ejections(self.stats)
         self.tokens = tokens or TokenCounter()
         self._compiled: _Compiled | None = None
         # what launched backends said they can do, by backend name (kept across reloads:
@@ -133,8 +139,9 @@ class RoutingHook:
             if exc.not_found:
                 raise ModelNotFound(str(exc), param=exc.param) from exc
             raise BadRequest(str(exc), param=exc.param) from exc
+        # the draws a route's `spread` picks with (routing has no random source)
         decision = compiled.router.decide(features, stats, monotonic(),
-                                          decision_id=ctx.request_id)
+                                          decision_id=ctx.request_id, draws=(random(), random()))
         ctx.decision = decision
         ctx.response_headers[DECISION_HEADER] = decision.decision_id
         if decision.rejection is not None:
@@ -161,6 +168,14 @@ class RoutingHook:
             return
         key = attempt.target.key
         now = monotonic()
+        # a connect error, a timeout or a 5xx says the target is broken; a 429 (or the
+        # gateway's key refused) is an answer
+        broken = attempt.error is not None and (attempt.status is None or attempt.status >= 500)
+        changed = (self.ejections.failed(key, now, ctx.policy.file.resilience.outlier_detection)
+                   if broken else self.ejections.succeeded(key, now))
+        if changed:
+            ctx.telemetry.metrics.observe_ejection(
+                attempt.target.backend_name, attempt.target.model_name, ejected=broken)
         if attempt.cannot is not None:  # a capability it lacks, not a fault
             self._learn(ctx, attempt)
             return
@@ -210,18 +225,19 @@ class _CountingSlots:
 
     def slot(self, ctx: RequestContext,
              target: ModelTarget) -> AbstractAsyncContextManager[None]:
-        return _CountedSlot(self.hook.stats, self.inner.slot(ctx, target), ctx, target)
+        return _CountedSlot(self.hook, self.inner.slot(ctx, target), ctx, target)
 
 
 class _CountedSlot:
     """One attempt's count around the inner slot (a class: an @asynccontextmanager
     generator per request cost a few µs)."""
 
-    __slots__ = ("_ctx", "_inner", "_stats", "_target")
+    __slots__ = ("_ctx", "_hook", "_inner", "_stats", "_target")
 
-    def __init__(self, stats: LiveStats, inner: AbstractAsyncContextManager[None],
+    def __init__(self, hook: RoutingHook, inner: AbstractAsyncContextManager[None],
                  ctx: RequestContext, target: ModelTarget) -> None:
-        self._stats, self._inner, self._ctx, self._target = stats, inner, ctx, target
+        self._hook, self._stats, self._inner = hook, hook.stats, inner
+        self._ctx, self._target = ctx, target
 
     async def __aenter__(self) -> None:
         ctx, target = self._ctx, self._target
@@ -232,6 +248,8 @@ class _CountedSlot:
             self._stats.request_finished(target.key)
             raise
         ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
+        self._hook.ejections.attempt_started(
+            target.key, monotonic(), ctx.policy.file.resilience.outlier_detection)
         ctx.response_headers[ROUTE_HEADER] = target.key  # tried last, or answered
         candidate = _candidate(ctx.decision, target.key)
         if candidate is not None and target.backend.deployment == "dedicated":

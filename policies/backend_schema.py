@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from policies.file_model import FileModel, NonNegativeFloat, PositiveFloat, PositiveInt
+from policies.resilience import HealthCheck
 
 
 class LatencyPriors(FileModel):
@@ -130,6 +131,8 @@ class Backend(FileModel):
     """Kept-alive connections the gateway holds to the backend at most."""
     timeouts: Timeouts = Timeouts()
     """Connect, first-byte and total timeouts of each upstream call."""
+    health_check: HealthCheck = HealthCheck()
+    """Active health checks: on by default for dedicated backends, off for shared APIs."""
     launch: LaunchSpec | None = None
     """Start a local_backend child process for this backend; `routegate serve` owns it and fills in
     its URL."""

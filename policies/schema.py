@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from policies.backend_schema import Backend as Backend
 from policies.backend_schema import Capabilities as Capabilities
@@ -27,6 +27,7 @@ from policies.file_model import NonNegativeFloat as NonNegativeFloat
 from policies.file_model import PositiveFloat as PositiveFloat
 from policies.file_model import PositiveInt as PositiveInt
 from policies.file_model import Target as Target
+from policies.resilience import Resilience
 
 
 class LatencyBudget(FileModel):
@@ -54,6 +55,35 @@ class Route(FileModel):
     cache: RouteCache | None = None
     """Keep whole answers on this route and serve them again for identical requests; none: never
     cached."""
+    spread: Spread | None = None
+    """Share the load among candidates as good as the best (`within` of its cost or predicted
+    time); none: the best always leads."""
+    weights: dict[Target, PositiveFloat] = {}
+    """Share of each target among equals under `spread`, by `backend/model` (default 1)."""
+
+    @model_validator(mode="after")
+    def _weights_name_targets(self) -> Route:
+        unknown = sorted(set(self.weights) - set(self.targets))
+        if unknown:
+            raise ValueError(f"`weights` names {', '.join(unknown)}, not among `targets`")
+        return self
+
+
+def _percent(value: object) -> object:
+    """`5%` as YAML writes it (a string), or a plain number of percent."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return value.strip()[:-1]
+    return value
+
+
+class Spread(FileModel):
+    """Candidates whose cost (`cheapest`) or predicted total (`fastest`) is within `within` of
+    the best share the load: two drawn by weight, the less busy one leads."""
+
+    within: Annotated[float, BeforeValidator(_percent), Field(ge=0, le=100), WithJsonSchema({
+        "anyOf": [{"type": "number", "minimum": 0, "maximum": 100},
+                  {"type": "string", "pattern": r"^\d+(\.\d+)?%$"}]})] = 5.0
+    """Tolerance, in percent (`5%` or 5)."""
 
 
 class RouteCache(FileModel):
@@ -322,3 +352,5 @@ class PolicyFile(FileModel):
     """Where responses are kept for `GET /v1/responses/{id}` and `previous_response_id`."""
     response_cache: SharedState = SharedState()
     """Where the answers of routes with `cache:` are kept."""
+    resilience: Resilience = Resilience()
+    """Outlier ejection of failing targets, and retries of the same target."""

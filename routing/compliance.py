@@ -20,6 +20,7 @@ REASON_DATA_RETENTION: Final = "data_retention"
 REASON_PII: Final = "pii"
 REASON_CONTEXT_WINDOW: Final = "context_window"
 REASON_UNHEALTHY: Final = "backend_unhealthy"
+REASON_EJECTED: Final = "ejected"  # outlier ejection: failures in a row (routing.outliers)
 REASON_TENANT_BUDGET: Final = "tenant_budget_exhausted"
 REASON_LATENCY_BUDGET: Final = "latency_budget"
 # Reasons that mean "the policy forbids it" (403) rather than "nothing can serve it now" (503).

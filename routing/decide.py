@@ -33,6 +33,7 @@ from routing.capabilities import (
 from routing.compliance import (
     POLICY_REASONS,
     REASON_CONTEXT_WINDOW,
+    REASON_EJECTED,
     REASON_LATENCY_BUDGET,
     REASON_TENANT_BUDGET,
     REASON_UNHEALTHY,
@@ -43,6 +44,7 @@ from routing.compliance import (
 )
 from routing.features import RequestFeatures, route_for
 from routing.predict import TargetModel, estimate
+from routing.spread import Spread, spread_over
 from routing.stats import StatsSnapshot
 
 STATIC_CACHE_MAX = 4096  # (route, tenant) pairs; cleared when full, rebuilt on demand
@@ -83,6 +85,7 @@ class RouteDecision:
     redact: frozenset[str]  # PII categories to replace before the body goes upstream
     features: RequestFeatures
     policy_version: str
+    spread: Spread | None = None  # how the primary was chosen among equals
 
     @property
     def primary(self) -> Candidate | None:
@@ -111,6 +114,7 @@ class RouteDecision:
             } for i, c in enumerate(self.candidates)],
             "excluded": [{"target": e.key, "reason": e.reason, "detail": e.detail}
                          for e in self.excluded],
+            "spread": None if self.spread is None else self.spread.to_dict(),
         }
 
 
@@ -125,6 +129,17 @@ class _RoutePlan(NamedTuple):
     objective: str
     reject_on_miss: bool
     models: tuple[TargetModel, ...]
+    max_ejected: int  # targets outlier ejection may take out at once; never all of them
+    spread_within: float | None  # percent (`routing/spread.py`); None: no spreading
+    weights: Mapping[str, float]
+
+
+def max_ejected(targets: int, percent: float) -> int:
+    """`max_ejection_percent` of a route's `targets`, at least one when above 0 (as
+    Envoy), and never every target."""
+    if targets <= 1 or percent <= 0:
+        return 0
+    return min(targets - 1, max(1, int(targets * percent / 100.0)))
 
 
 class Router:
@@ -149,11 +164,14 @@ class Router:
         self._rules = tuple(ScopedRule.of(rule, route_targets)
                             for rule in policy.file.compliance.rules)
         self._plans: dict[str, _RoutePlan] = {}
+        ejection_percent = policy.file.resilience.outlier_detection.max_ejection_percent
         for name in (*policy.routes, *policy.targets):
             route = route_for(policy, name)
+            models = tuple(self._models[key] for key in route.targets if key in self._models)
             self._plans[name] = _RoutePlan(
-                route.objective, route.on_budget_miss == "reject",
-                tuple(self._models[key] for key in route.targets if key in self._models))
+                route.objective, route.on_budget_miss == "reject", models,
+                max_ejected(len(models), ejection_percent),
+                route.spread.within if route.spread is not None else None, route.weights)
         self._static: dict[tuple[str, str, frozenset[str]],
                            tuple[tuple[TargetModel, ...], tuple[Excluded, ...]]] = {}
 
@@ -170,7 +188,10 @@ class Router:
         return static
 
     def decide(self, features: RequestFeatures, stats: StatsSnapshot, now: float,
-               decision_id: str | None = None) -> RouteDecision:
+               decision_id: str | None = None,
+               draws: tuple[float, float] = (0.0, 0.0)) -> RouteDecision:
+        """`draws`: two uniform numbers in [0, 1) for a route's `spread` (routing has no
+        random source of its own, so a decision is a function of its inputs)."""
         decision_id = decision_id or secrets.token_hex(8)
         plan = self._plans.get(features.route)
         if plan is None:
@@ -184,6 +205,8 @@ class Router:
 
         allowed, static_excluded = self._allowed(features, plan)
         excluded = list(static_excluded)
+        if stats.ejected:
+            allowed = _without_ejected(allowed, stats.ejected, now, plan.max_ejected, excluded)
         fitting: list[Candidate] = []
         missing: list[Candidate] = []
         unaffordable: list[Candidate] = []  # more than the tenant's budget has left
@@ -250,18 +273,24 @@ class Router:
         redact = features.pii if self._pii.action == "redact" else frozenset()
         budget_missed = False
         if fitting:
-            candidates = _ordered(fitting, plan.objective)
+            objective = plan.objective
+            candidates = _ordered(fitting, objective)
             excluded.extend(_over_budget(missing, features))
         elif missing and not plan.reject_on_miss:
-            candidates = _ordered(missing, "fastest")
+            objective = "fastest"
+            candidates = _ordered(missing, objective)
             budget_missed = True
         else:
             excluded.extend(_over_budget(missing, features))
             return self._reject(decision_id, features, plan.objective, excluded,
                                 _nothing_fits(excluded, bool(missing), features), redact)
+        spread = None
+        if plan.spread_within is not None and len(candidates) > 1:
+            spread = spread_over(candidates, objective, plan.spread_within, plan.weights,
+                                 stats, draws)
         return RouteDecision(decision_id, features.route, plan.objective, tuple(candidates),
                              tuple(excluded), budget_missed, None, redact, features,
-                             self.policy.version_hash)
+                             self.policy.version_hash, spread)
 
     def _reject(self, decision_id: str, features: RequestFeatures, objective: str,
                 excluded: Sequence[Excluded], rejection: Rejection,
@@ -274,6 +303,22 @@ def decide(features: RequestFeatures, policy: Policy, stats: StatsSnapshot, now:
            decision_id: str | None = None) -> RouteDecision:
     """One-off decision. Builds a `Router` each call: the hot path keeps one instead."""
     return Router(policy).decide(features, stats, now, decision_id)
+
+
+def _without_ejected(allowed: tuple[TargetModel, ...], ejected: Mapping[str, float],
+                     now: float, cap: int, excluded: list[Excluded]) -> tuple[TargetModel, ...]:
+    """`allowed` less its ejected targets, at most `cap` of them (those out the longest
+    first); the rest serve as if in service, so a bad minute never empties a route."""
+    out = [model for model in allowed if ejected.get(model.key, now) > now]
+    if not out:
+        return allowed
+    out.sort(key=lambda model: ejected[model.key], reverse=True)
+    gone = {model.key for model in out[:cap]}
+    excluded.extend(Excluded(
+        model.key, REASON_EJECTED,
+        f"ejected after failures in a row, for {ejected[model.key] - now:.1f} s more")
+        for model in out[:cap])
+    return tuple(model for model in allowed if model.key not in gone)
 
 
 def _ordered(candidates: list[Candidate], objective: str) -> list[Candidate]:

@@ -80,6 +80,8 @@ class StatsSnapshot:
     targets: Mapping[str, TargetSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     output_tokens_mean: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({}))
+    # target → ejected until (`routing.outliers`); empty while every target is in service
+    ejected: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def target(self, key: str) -> TargetSnapshot:
         return self.targets.get(key, EMPTY_TARGET)
@@ -132,6 +134,7 @@ class LiveStats:
     def __init__(self) -> None:
         self._targets: dict[str, _TargetStats] = {}
         self._output_mean: dict[str, tuple[float, int]] = {}
+        self._ejected: dict[str, float] = {}
         self._snapshot: StatsSnapshot | None = None
 
     def _update(self, key: str) -> tuple[dict[str, Any], _TargetStats]:
@@ -161,8 +164,17 @@ class LiveStats:
         self._update(key)[0].update(backend_waiting=waiting, backend_running=running,
                                     kv_cache_use=kv_cache_use, load_at=now)
 
-    def mark_unhealthy(self, key: str, until: float) -> None:
+    def mark_unhealthy(self, key: str, until: float | None) -> None:
         self._update(key)[0]["unhealthy_until"] = until
+
+    def eject(self, key: str, until: float) -> None:
+        """Out of service until `until` (`routing.outliers.Ejections` decides)."""
+        self._ejected[key] = until
+        self._snapshot = None
+
+    def restore(self, key: str) -> None:
+        if self._ejected.pop(key, None) is not None:
+            self._snapshot = None
 
     def record_error(self, key: str, now: float, *, retry_after_s: float | None = None,
                      ) -> None:
@@ -227,5 +239,6 @@ class LiveStats:
                     {key: stats.snapshot() for key, stats in self._targets.items()}),
                 output_tokens_mean=MappingProxyType(
                     {route: mean for route, (mean, _) in self._output_mean.items()}),
+                ejected=MappingProxyType(dict(self._ejected)),
             )
         return self._snapshot

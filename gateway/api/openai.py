@@ -10,6 +10,7 @@ from aiohttp.http import HttpVersion11
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
 from gateway.auth import TENANT_HEADER
+from gateway.backends_admin import backend_states, out_of_service
 from gateway.context import Endpoint
 from gateway.drain import DRAIN
 from gateway.pipeline import Pipeline
@@ -61,7 +62,7 @@ async def readyz(request: web.Request) -> web.Response:
     draining (SIGTERM). Lists every backend."""
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
-    backends = pipeline.pool.status(policy)
+    backends = backend_states(request.app, policy, pipeline.pool)  # pool, health checks
     for name, failure in (await request.app[READINESS].unreachable(policy)).items():
         if backends.get(name) == "ready":
             backends[name] = failure
@@ -69,8 +70,9 @@ async def readyz(request: web.Request) -> web.Response:
     status = "ready" if ready else "not ready"
     if request.app[DRAIN].draining:
         ready, status = False, "draining"
-    return _json({"status": status, "policy": policy.version_hash,
-                  "backends": backends}, status=200 if ready else 503)
+    return _json({"status": status, "policy": policy.version_hash, "backends": backends,
+                  "ejected": out_of_service(request.app, policy)},
+                 status=200 if ready else 503)
 
 
 async def continue_unless_too_large(request: web.Request) -> None:

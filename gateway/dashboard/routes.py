@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from gateway.auth import require_admin
+from gateway.backends_admin import target_states
 from gateway.live_policy import LivePolicy
 from gateway.telemetry.live import LiveStats
 
@@ -47,6 +48,8 @@ def dashboard_routes(live: LiveStats, *, policy: LivePolicy | None = None,
         data = live.snapshot()
         if state is not None:
             data.update(state())
+        if policy is not None:  # each target's ejection state, in-flight count, error rate
+            data["targets"] = target_states(request.app, policy.current)
         return web.Response(body=orjson.dumps(data), content_type="application/json",
                             headers=_NO_STORE)
 

@@ -183,6 +183,17 @@ class GatewayMetrics:
         self.in_flight = gauge(
             "in_flight", "Upstream requests in flight per backend.", ["backend"],
         )
+        self.retries = counter(
+            "retries", "Attempts retried on the same backend (connect error, 503, 529, 429 "
+            "with Retry-After), within the retry budget.", ["backend"],
+        )
+        self.ejections = counter(
+            "outlier_ejections", "Targets ejected after connect errors, timeouts or 5xx in "
+            "a row (a failed probe ejects again).", bm,
+        )
+        self.target_ejected = gauge(
+            "target_ejected", "1 while a target is out of service by outlier ejection.", bm,
+        )
         self.queue_depth = gauge(
             "queue_depth", "Requests waiting in the gateway's queue per backend.", ["backend"],
         )
@@ -312,6 +323,16 @@ class GatewayMetrics:
             child = self._per_backend[(name, backend)] = gauge.labels(
                 self.label("backend", backend))
         return child
+
+    def observe_retry(self, backend: str) -> None:
+        self.retries.labels(self.label("backend", backend)).inc()
+
+    def observe_ejection(self, backend: str, model: str, *, ejected: bool) -> None:
+        """A target was ejected (`ejected`) or put back in service."""
+        labels = (self.label("backend", backend), self.label("model", model))
+        if ejected:
+            self.ejections.labels(*labels).inc()
+        self.target_ejected.labels(*labels).set(1 if ejected else 0)
 
     def observe_fallback(self, route: str, from_backend: str, to_backend: str) -> None:
         self.fallbacks.labels(

@@ -41,6 +41,7 @@ class Behaviour:
     reply: str = "Hello from the fake upstream, nice to meet you."
     embedding_dim: int = 8
     processing_ms: int | None = None  # sent as `openai-processing-ms`
+    health_status: int = 200  # what GET /health answers
     # (name, JSON arguments): a chat request offering tools, whose last message is not a
     # tool result, is answered with this call instead of text
     tool_call: tuple[str, str] | None = None
@@ -61,6 +62,7 @@ class FakeOpenAI:
     received: list[Received] = field(default_factory=list)
     chunks_sent: int = 0  # content events sent, over all requests
     cancelled: list[float] = field(default_factory=list)  # perf_counter() at each cancel
+    gets: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -189,11 +191,14 @@ class FakeOpenAI:
                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.gets.append((request.path, request.headers.get("Authorization")))
         return self._json({"object": "list", "data": [
             {"id": "fake-model", "object": "model", "created": 0, "owned_by": self.name}]})
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        self.gets.append((request.path, request.headers.get("Authorization")))
+        status = self.behaviour.health_status
+        return web.json_response({"status": "ok" if status < 300 else "down"}, status=status)
 
 
 def _count_tokens(value: object) -> int:

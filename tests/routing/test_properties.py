@@ -90,8 +90,7 @@ def live_stats(draw: st.DrawFn, keys: list[str]) -> StatsSnapshot:
                                  output_tokens=draw(st.integers(0, 2000)),
                                  explained_ttft_ms=draw(st.floats(0, 3000)))
         if draw(st.integers(0, 9)) == 0:
-            for second in range(3):
-                stats.record_error(key, now=float(second))
+            stats.eject(key, until=draw(st.floats(0, 100)))
         if draw(st.booleans()):
             stats.set_backend_load(key, 0.0, waiting=draw(st.integers(0, 10)),
                                    running=draw(st.integers(0, 20)),

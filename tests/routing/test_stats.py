@@ -102,3 +102,11 @@ def test_an_unhealthy_target_is_back_when_retried_but_never_before_its_retry_aft
     assert snapshot.target("a/m").back_at() == 102.0 + RETRY_UNHEALTHY_AFTER_S
     assert snapshot.target("b/m").back_at() == 162.0
     assert snapshot.target("c/m").back_at() is None
+
+
+def test_an_ejection_is_in_the_snapshot_until_restored() -> None:
+    stats = LiveStats()
+    stats.eject(KEY, until=9.0)
+    assert stats.snapshot().ejected == {KEY: 9.0}
+    stats.restore(KEY)
+    assert stats.snapshot().ejected == {}

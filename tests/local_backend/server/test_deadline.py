@@ -27,7 +27,9 @@ async def post(served: Served, body: dict[str, Any], deadline_ms: str | None,
 
 async def holding_the_only_slot(served: Served) -> asyncio.Task[Any]:
     holder = asyncio.create_task(post(served, LONG, None))
-    while not served.engine.scheduler.running:
+    for _ in range(1000):  # the engine runs in its own thread: polled
+        if served.engine.scheduler.running:
+            break
         await asyncio.sleep(0.005)
     return holder
 

@@ -1,0 +1,90 @@
+"""Active health checks: a backend failing them leaves routing until it passes again."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from gateway.auth import key_hash
+from tests.conftest import RunningGateway, StartGateway, StartUpstream
+from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+
+ADMIN_KEY = "admin-key-for-tests"
+BODY = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
+QUICK_CHECKS = {"interval_s": 0.05, "unhealthy_threshold": 2, "healthy_threshold": 2}
+
+
+def policy(first: str, second: str, *, deployment: str = "dedicated",
+           checks: dict[str, Any] | None = None) -> dict[str, Any]:
+    def backend(url: str, price: float) -> dict[str, Any]:
+        return {"type": "openai", "url": url, "deployment": deployment, "api_key": "sk-test",
+                "health_check": checks or QUICK_CHECKS, "models": {"m": {
+                    "input_usd_per_mtok": price, "output_usd_per_mtok": price}}}
+
+    return {"version": 1, "backends": {"a": backend(first, 0.0), "b": backend(second, 1.0)},
+            "routes": {"chat": {"targets": ["a/m", "b/m"]}},
+            "auth": {"anonymous": {"enabled": True}, "admin_keys": [key_hash(ADMIN_KEY)]}}
+
+
+async def get(gateway: RunningGateway, path: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+        return await response.json()
+
+
+async def served_by(gateway: RunningGateway, first: FakeOpenAI) -> bool:
+    before = len(first.received)
+    await gateway.openai().chat.completions.create(**BODY)
+    return len(first.received) > before
+
+
+async def until(condition: Any, timeout_s: float = 3.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if await condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_backend_failing_its_health_checks_leaves_routing_and_comes_back(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first = await start_upstream(Behaviour(health_status=503), name="first")
+    second = await start_upstream(name="second")
+    gateway = await start_gateway(policy(first.url, second.url))
+
+    async def first_is_down() -> bool:
+        return (await get(gateway, "/readyz"))["backends"]["a"] != "ready"
+
+    await until(first_is_down)
+    ready = await get(gateway, "/readyz")
+    assert "failing its health checks (health check answered HTTP 503)" in ready["backends"]["a"]
+    assert not await served_by(gateway, first)
+    health = (await get(gateway, "/admin/backends"))["backends"]["a"]["health"]
+    assert health["state"] == "unhealthy" and health["consecutive_failures"] >= 2
+
+    first.behaviour.health_status = 200
+
+    async def first_serves() -> bool:
+        return await served_by(gateway, first)
+
+    await until(first_serves)
+    assert {path for path, _ in first.gets} == {"/health"}  # on the host, not under /v1
+
+
+async def test_a_shared_api_is_not_checked_unless_enabled(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first, second = await start_upstream(name="first"), await start_upstream(name="second")
+    await start_gateway(policy(first.url, second.url, deployment="shared"))
+    await asyncio.sleep(0.3)
+    assert first.gets == [] and second.gets == []
+
+
+async def test_an_enabled_shared_api_is_checked_with_a_cheap_authenticated_models_call(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first, second = await start_upstream(name="first"), await start_upstream(name="second")
+    await start_gateway(policy(first.url, second.url, deployment="shared",
+                               checks={**QUICK_CHECKS, "enabled": True}))
+    await asyncio.sleep(0.3)
+    assert first.gets and set(first.gets) == {("/v1/models", "Bearer sk-test")}
