@@ -210,8 +210,9 @@ function render(data) {
     ? `policy ${policy.version || "(embedded)"} · loaded ${
       new Date(policy.loaded_at * 1000).toLocaleTimeString()}`
     : "";
+  // failures in a row, and ejections so far
   fillTable("targets", Object.entries(data.targets || {}).map(([key, t]) =>
-    [key, t.state, t.consecutive_failures, t.ejections_total, t.in_flight]));
+    [key, t.state.replace("_", " "), t.consecutive_failures, t.ejections_total]));
   document.getElementById("spend").textContent = "$" + data.spend_usd.toFixed(4);
   document.getElementById("status").textContent =
     `${data.requests} requests in the last ${data.window_s} s · updated ${new Date().toLocaleTimeString()}`;
