@@ -110,8 +110,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
 
 
 async def _upstreams(app: web.Application) -> AsyncIterator[None]:
-    # TLS contexts of https backends read CA stores (~20 ms each): in a thread, before
-    # the first request rather than inside it
+    # TLS contexts of https backends read CA stores (milliseconds each): in a thread,
+    # before the first request rather than inside it
     await asyncio.to_thread(warm_tls, app[LIVE_POLICY].current)
     yield
     await app[UPSTREAMS].close()

@@ -311,7 +311,7 @@ def install(app: web.Application, hooks: Hooks, *, live: LivePolicy | None = Non
 
     async def wrap_queue(_: web.Application) -> None:
         hooks.queue = hook.counting(hooks.queue)
-        # Load the BPE tables now, off the loop, not inside the first request (~250 ms).
+        # Load the BPE tables now, off the loop, not inside the first request.
         await asyncio.to_thread(hook.tokens.encoding_for, "")
 
     app.on_startup.append(wrap_queue)

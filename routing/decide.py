@@ -5,9 +5,8 @@
     keep those within the latency budget → order by the route's objective →
     the first is primary, the rest are fallbacks.
 
-`Router` is built once per loaded policy (the gateway rebuilds it on reload) and
-caches what depends only on the route and the tenant, so `decide` is arithmetic
-over a handful of candidates: microseconds (see `bench/routing.py`).
+`Router` is built once per policy (rebuilt on reload) and caches what depends only on
+the route and tenant, so `decide` is arithmetic over a few candidates (`bench/routing.py`).
 """
 
 from __future__ import annotations
