@@ -249,8 +249,10 @@ class RequestTelemetry:
         backend, model = target.backend_name, target.model_name
         if self.attempt is not None:
             self.attempt.end()
-            # another model of the same backend is a fallback too (from == to)
-            self.metrics.observe_fallback(self.route or "", self.attempt.backend, backend)
+            # the same target again is a retry (counted as one); another model of the
+            # same backend is a fallback too (from == to)
+            if (self.backend, self.model) != (backend, model):
+                self.metrics.observe_fallback(self.route or "", self.attempt.backend, backend)
         self.attempts += 1
         self.backend, self.model = backend, model
         system = getattr(target.backend, "type", "openai")

@@ -38,6 +38,17 @@ async def post(url: str) -> tuple[int, dict[str, str], float]:
         return response.status, dict(response.headers), time.perf_counter() - started
 
 
+async def scrape(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        return await response.text()
+
+
+def counted(metrics: str, series: str) -> float:
+    """The sum of a counter's samples over all its labels (0 when it has none)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(series))
+
+
 async def test_a_503_is_retried_on_the_same_target(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
     flaky = await start_upstream(Behaviour(status=503, fail_times=1))
@@ -46,6 +57,19 @@ async def test_a_503_is_retried_on_the_same_target(
     status, _, _ = await post(gateway.url)
 
     assert status == 200 and len(flaky.received) == 2
+
+
+async def test_a_retry_is_counted_as_a_retry_not_as_a_fallback(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    flaky = await start_upstream(Behaviour(status=503, fail_times=1))
+    gateway = await start_gateway(policy(flaky.url))
+
+    status, _, _ = await post(gateway.url)
+
+    metrics = await scrape(gateway.url)
+    assert status == 200
+    assert counted(metrics, "routegate_retries_total{") == 1
+    assert counted(metrics, "routegate_fallbacks_total{") == 0
 
 
 async def test_a_429_with_retry_after_is_retried_after_that_long(
@@ -102,11 +126,7 @@ async def test_the_retry_budget_bounds_extra_attempts_on_a_failing_backend(
 
     # 502 while it is tried, 503 once routing marks it down for its error rate
     assert set(statuses) <= {502, 503}
-    async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/metrics") as response:
-        metrics = await response.text()
-    retries = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith("routegate_retries_total{"))
+    retries = counted(await scrape(gateway.url), "routegate_retries_total{")
     assert 1 <= retries <= max(2, 20 * 0.2)  # the budget: 20 % of the requests, at least 2
     assert len(down.received) <= 20 + retries
 
