@@ -43,7 +43,7 @@ REPLY_PRIMING_TOKENS = 3
 # A low-detail image; high-detail ones cost more, but the count only steers routing.
 TOKENS_PER_IMAGE = 85
 
-# Texts longer than this (~4k tokens, ~0.8 ms of BPE) are estimated from an exact
+# Texts longer than this (about 4k tokens) are estimated from an exact
 # count of an evenly spread sample, so no prompt holds the event loop for longer
 # than that; the estimate is within ~1 % on natural text (bench/routing.py).
 EXACT_COUNT_MAX_CHARS = 16_000
@@ -52,7 +52,7 @@ SAMPLE_CHARS = 12_000
 # against 5–50 µs of BPE; counts stay exact). Each cache is bounded by the characters
 # it holds and starts again empty when full; one text may take at most a share of it.
 #   fields   a message's short non-content fields (`role`, `name`, `tool_call_id`): they
-#            repeat on every request, and a call into tiktoken costs ~5 µs however short
+#            repeat on every request, and each call into tiktoken has a fixed cost
 #   system   system (and developer) prompts: an application sends the same one with
 #            every request; few distinct ones exist per deployment
 #   turns    the other messages' text: a conversation sends its earlier turns again with
@@ -64,7 +64,7 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 SYSTEM_CACHE_CHARS = 4_000_000  # with texts up to EXACT_COUNT_MAX_CHARS: ~256 prompts
 TURN_CACHE_CHARS = 4_000_000
 TURN_CACHE_MAX_CHARS = TURN_CACHE_CHARS // 16
-# Each message or input costs a call into tiktoken (~5 µs), so a body of very many short
+# Each message or input costs a call into tiktoken, so a body of very many short
 # ones (100,000 messages fit in 5 MB) held the event loop for half a second. Past this
 # many, an evenly spread sample of them is counted exactly and scaled, as long texts are.
 ITEMS_EXACT_MAX = 1024

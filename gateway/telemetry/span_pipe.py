@@ -61,7 +61,7 @@ log = logging.getLogger("routegate.tracing")
 MARSHAL_VERSION = 4  # what `export_process` reads (the same interpreter)
 HANDOFF_S = 0.2  # the longest a finished request's spans wait in the gateway process
 # Requests handed off together at most: the exporter process encodes each frame as it
-# arrives, so small frames spread its work (a batch's worth at once held a core ~10 ms).
+# arrives, so small frames spread its work (a batch's worth at once held a core for a while).
 HANDOFF_RECORDS = 32
 SOCKET_BUFFER_BYTES = 4 << 20  # what the exporter may fall behind by before drops
 RESTART_AFTER_S = 5.0

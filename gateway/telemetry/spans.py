@@ -53,7 +53,7 @@ def tracer_of(provider: TracerProvider) -> Tracer:
 
 def extract_parent(headers: Mapping[str, str]) -> Context:
     """The caller's trace context from `traceparent`/`tracestate` (empty context if none)."""
-    if "traceparent" not in headers:  # the usual case: skip the propagator (~5 µs)
+    if "traceparent" not in headers:  # the usual case: skip the propagator
         return Context()
     return _PROPAGATOR.extract(carrier=headers)
 

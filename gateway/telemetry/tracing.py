@@ -278,7 +278,7 @@ def tracer_provider_from_env(
             schedule_delay_s=delay_ms / 1000.0))
         return provider
     # Larger batches than the SDK's 512 unless `OTEL_BSP_*` say otherwise: each export
-    # costs ~1 ms of CPU however few spans it carries (HTTP request, connection, netrc
+    # costs a fixed share of CPU however few spans it carries (HTTP request, connection, netrc
     # lookup), on the core that serves requests. A busy gateway fills a batch in well
     # under the schedule delay, so this changes how often it exports, not how late.
     batch = None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else DEFAULT_EXPORT_BATCH_SPANS
