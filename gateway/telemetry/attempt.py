@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from gateway.telemetry import semconv as a
+import gateway.telemetry.semconv as a
 from gateway.telemetry.inference_time import from_body, from_headers
 from gateway.telemetry.spans import mark_error
 

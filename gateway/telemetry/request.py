@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
-from gateway.telemetry import semconv as a
+import gateway.telemetry.semconv as a
 from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.attempt import UpstreamAttempt
 from gateway.telemetry.content import StreamText, completion_text, prompt_text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.telemetry import semconv as a
+import gateway.telemetry.semconv as a
 
 ROOT, DECISION, UPSTREAM, QUEUE = 0, 1, 2, 3  # what a facts tuple's values are (its first item)
 

@@ -18,10 +18,11 @@ from typing import Any, TextIO
 
 import torch
 
+from local_backend.model.assemble import build_model
+from local_backend.model.checkpoint_files import gguf_path
 from local_backend.model.config import LlamaConfig, ModelLoadError
 from local_backend.model.gguf_file import GGUFFile
 from local_backend.model.llama import LlamaForCausalLM
-from local_backend.model.loader import build_model, gguf_path
 
 # general.architecture → Hugging Face model_type; only `llama` has permuted q/k rows.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
