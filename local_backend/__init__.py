@@ -7,7 +7,7 @@ from local_backend.engine.loop import (
     RequestOutput,
     RequestRejected,
 )
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.params import SamplingParams
 
 __all__ = [
     "Engine",

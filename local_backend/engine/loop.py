@@ -19,10 +19,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from local_backend.engine.block_manager import BlockManager
+from local_backend.engine.params import SamplingParams
 from local_backend.engine.runner import ModelRunner
 from local_backend.engine.sampler import Sampler, TokenLogprob
 from local_backend.engine.scheduler import Scheduler
-from local_backend.engine.sequence import SamplingParams, Sequence, Timings
+from local_backend.engine.sequence import Sequence, Timings
 from local_backend.model.llama import LlamaForCausalLM
 from local_backend.tokenizer import Detokenizer, Tokenizer
 

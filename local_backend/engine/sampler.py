@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from typing import Any
 
 from local_backend.chat_template import TEXT_PARTS
 from local_backend.engine.loop import RequestOutput
+from local_backend.engine.params import SamplingParams
 from local_backend.engine.sampler import TokenLogprob
-from local_backend.engine.sequence import SamplingParams, Timings
+from local_backend.engine.sequence import Timings
 from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request
 from local_backend.tokenizer import Tokenizer

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from local_backend.chat_template import ChatTemplate
 from local_backend.checkpoint import Checkpoint, bundled_path, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.params import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from local_backend.engine.block_manager import BlockManager
-from local_backend.engine.sequence import SamplingParams, Sequence, Timings
+from local_backend.engine.params import SamplingParams
+from local_backend.engine.sequence import Sequence, Timings
 
 
 def seq(name: str, tokens: list[int]) -> Sequence:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from local_backend.engine.loop import Engine, EngineConfig
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.params import SamplingParams
 from local_backend.model.config import LlamaConfig
 from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer

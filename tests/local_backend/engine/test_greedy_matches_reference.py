@@ -8,7 +8,7 @@ import random
 import torch
 
 from local_backend.engine.loop import Engine
-from local_backend.engine.sequence import SamplingParams
+from local_backend.engine.params import SamplingParams
 from local_backend.model.config import LlamaConfig
 from tests.local_backend import reference
 from tests.local_backend.conftest import EngineFactory

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from local_backend.engine.loop import RequestRejected
+from local_backend.engine.params import SamplingParams
 from local_backend.engine.sampler import Sampler
-from local_backend.engine.sequence import SamplingParams
 from local_backend.model.config import LlamaConfig
 from tests.local_backend import reference
 from tests.local_backend.conftest import EngineFactory
