@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.chunk_reader import ChunkReader
 from gateway.errors import BadRequest
 
 Body = dict[str, Any]
@@ -236,7 +237,7 @@ def sse(kind: str, data: Body) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class EventEncoder:
+class EventEncoder(ChunkReader):
     """`chat.completion.chunk` SSE → Messages API events, one write at a time.
 
     The pipeline hands it complete events (and `: comments`, passed through). Usage
@@ -248,33 +249,11 @@ class EventEncoder:
         self.started = False
         self.stop_reason: str | None = None
         self.usage: Body = {}
-        self._pending = b""
         self._block: int | None = None  # the open content block's index
         self._next = 0
         self._tool_blocks: dict[int, int] = {}  # chat tool_calls index → block index
 
-    def feed(self, data: bytes) -> bytes:
-        data = self._pending + data
-        out: list[bytes] = []
-        start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
-            out.append(self._event(data[start:end + 2]))
-            start = end + 2
-        self._pending = data[start:]
-        return b"".join(out)
-
-    def _event(self, event: bytes) -> bytes:
-        if not event.startswith(b"data:"):
-            return event  # `: server-timing ...` and other comments
-        payload = event[5:].strip()
-        if payload == b"[DONE]":
-            return self._finish()
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return b""
-        if not isinstance(chunk, dict):
-            return b""
+    def _chunk(self, chunk: Body) -> bytes:
         if isinstance(chunk.get("error"), dict):
             error = chunk["error"]
             status = 529 if error.get("code") == "overloaded" else 500

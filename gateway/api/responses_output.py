@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from gateway.api.chunk_reader import ChunkReader
+
 Body = dict[str, Any]
 
 
@@ -119,13 +121,12 @@ class _Open:
 
 
 @dataclass
-class EventEncoder:
+class EventEncoder(ChunkReader):
     """`chat.completion.chunk` SSE → Responses events, one write at a time. `final` is
     the finished `response` object once `response.completed` has been written."""
 
     shell: Shell
     final: Body | None = None
-    _pending: bytes = b""
     _sequence: int = 0
     _model: str = ""
     _started: bool = False
@@ -135,33 +136,12 @@ class EventEncoder:
     _usage: Body | None = None
     _incomplete: str | None = None
 
-    def feed(self, data: bytes) -> bytes:
-        data = self._pending + data
-        out: list[bytes] = []
-        start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
-            out.append(self._event(data[start:end + 2]))
-            start = end + 2
-        self._pending = data[start:]
-        return b"".join(out)
-
     def _emit(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
-    def _event(self, event: bytes) -> bytes:
-        if not event.startswith(b"data:"):
-            return event  # `: server-timing ...` and other comments
-        payload = event[5:].strip()
-        if payload == b"[DONE]":
-            return self._finish()
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return b""
-        if not isinstance(chunk, dict):
-            return b""
+    def _chunk(self, chunk: Body) -> bytes:
         out = [] if self._started else [self._start(chunk)]
         if isinstance(chunk.get("error"), dict):
             out.append(self._failed(chunk["error"]))
