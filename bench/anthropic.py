@@ -29,12 +29,12 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.api.anthropic_translate import EventEncoder, chat_request, message
+from gateway.api.messages_to_chat import EventEncoder, chat_request, message
 from gateway.app import create_app
 from gateway.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.sse import SseRelay
-from gateway.upstream.anthropic_translate import (
+from gateway.upstream.chat_to_anthropic import (
     ChunkTranslator,
     chat_completion,
     messages_request,

@@ -1,12 +1,10 @@
 """What exporting every request's trace costs, measured side by side in one run.
 
-Four `routegate serve` processes with the same policy in front of the same fast fake
-upstream: one with no `OTEL_*` configuration (tracing off: the no-op provider); two
-exporting every request's spans over OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT`, sampler
-always on), one from its exporter process (the default) and one from the SDK's batch
-thread inside the gateway process (`ROUTEGATE_TRACE_EXPORT=thread`); and one sampling
-10% of traces (`OTEL_TRACES_SAMPLER=traceidratio`, exporter process), each to its own
-local receiver that counts the spans. For each: throughput at
+Three `routegate serve` processes with the same policy in front of the same fast fake
+upstream: one with no `OTEL_*` configuration (tracing off); one exporting every
+request's spans over OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT`, sampler always on, from
+its exporter process); and one sampling 10% of traces (`OTEL_TRACES_SAMPLER=traceidratio`),
+each to its own local receiver that counts the spans. For each: throughput at
 concurrency 16 and 64 and at a fixed rate (`--rate`, 1,200 req/s), CPU time per
 request of the gateway process and of the gateway with its exporter process, p50/p99
 latency; and the spans the receiver got
@@ -183,46 +181,38 @@ async def request_path(requests: int = 2000, repeats: int = 12) -> None:
     pipeline's own telemetry calls (`scripted_request`), best of `repeats`; and the
     work the hand-off thread and the exporter process do per request."""
     sys.path.insert(0, str(ROOT))
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
-
-    from gateway.telemetry.export_process import Exporter
-    from gateway.telemetry.otlp_post import ExportConfig
-    from gateway.telemetry.service import Telemetry
-    from gateway.telemetry.span_pipe import MARSHAL_VERSION, SpanPipe
-    from gateway.telemetry.tracing import (
-        FastOtlpHttpExporter,
-        resource_from_env,
-        sampler_from_env,
-        tracer_provider_from_env,
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
     )
+
+    from gateway.telemetry.service import Telemetry
+    from gateway.telemetry.tracing import Tracing
+    from gateway.telemetry.tracing.export_process import Exporter
+    from gateway.telemetry.tracing.otlp_post import ExportConfig
+    from gateway.telemetry.tracing.pipe import MARSHAL_VERSION, SpanPipe
+    from gateway.telemetry.tracing.setup import resource_from_env, sampler_from_env
+    from gateway.telemetry.tracing.trace_context import Sampling
     from tests.gateway.telemetry.scripted_request import scripted_request
 
-    class Null(FastOtlpHttpExporter):
-        """The gateway's in-process OTLP/HTTP exporter, sending nothing."""
+    class Null(SpanExporter):
+        """An exporter that sends nothing."""
 
-        def __init__(self) -> None:
-            super().__init__(endpoint="http://127.0.0.1:9/v1/traces")
-
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        def export(self, spans: Sequence[object]) -> SpanExportResult:  # type: ignore[override]
             return SpanExportResult.SUCCESS
 
     resource = resource_from_env({}, "routegate")
-    provider = TracerProvider(sampler=sampler_from_env({}), resource=resource)
     pipe = SpanPipe(ExportConfig(endpoint="http://127.0.0.1:9/v1/traces"),
                     resource=dict(resource.attributes), handoff_s=3600.0,
                     handoff_records=1 << 30,  # kept here: measured below, not sent
                     schedule_delay_s=3600.0,
                     max_queue_spans=1 << 30, max_batch_spans=1 << 30)
-    provider.add_span_processor(pipe)
-    thread = tracer_provider_from_env({}, exporters=[Null()])
-    sdk = TracerProvider(resource=resource)
-    sdk.add_span_processor(BatchSpanProcessor(Null()))
-    setups = {"off": Telemetry(), "records (exporter process)": Telemetry(provider=provider),
-              "light spans (exporter thread)": Telemetry(provider=thread)}
-    plain = Telemetry(provider=sdk)
-    plain.children = None  # every span through Tracer.start_span
-    setups["SDK spans"] = plain
+    sampling = Sampling(sampler_from_env({}))
+    setups = {"off": Telemetry(),
+              "records (exporter process)": Telemetry(tracing=Tracing(sampling, pipe)),
+              "SDK batch processor": Telemetry(tracing=Tracing.to_processors(
+                  [BatchSpanProcessor(Null())], resource=resource))}
     best = dict.fromkeys(setups, float("inf"))
     for _ in range(repeats):
         for name, telemetry in setups.items():
@@ -289,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, dict[str, Measured]]] = []
     try:
         upstream_port = free_port()
-        sink_ports = [free_port() for _ in range(3)]
+        sink_ports = [free_port() for _ in range(2)]
         start([python, overhead, "upstream", "--port", str(upstream_port)], upstream_port,
               others)
         for port in sink_ports:
@@ -298,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         serve = [python, "-m", "gateway", "serve", "--policy", str(policy_path), "--port"]
         traced = {
             "all, process": {"OTEL_TRACES_SAMPLER": "always_on"},
-            "all, thread": {"OTEL_TRACES_SAMPLER": "always_on",
-                            "ROUTEGATE_TRACE_EXPORT": "thread"},
             "10%, process": {"OTEL_TRACES_SAMPLER": "traceidratio",
                              "OTEL_TRACES_SAMPLER_ARG": "0.1"},
         }

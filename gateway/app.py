@@ -27,7 +27,7 @@ from gateway.hooks import Hooks
 from gateway.launch_board import board_context
 from gateway.limits.http import install as install_limits
 from gateway.live_policy import LivePolicy
-from gateway.pipeline import Pipeline
+from gateway.pipeline.steps import Pipeline
 from gateway.policy_admin import install_policy_admin
 from gateway.queueing.http import install as install_queues
 from gateway.routing_hook import install as install_routing

@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.context import Attempt, RequestContext
 from gateway.errors import ShuttingDown
+from gateway.pipeline.context import Attempt, RequestContext
 
 log = logging.getLogger("routegate.drain")
 

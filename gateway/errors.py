@@ -17,7 +17,7 @@ from typing import ClassVar
 import orjson
 from aiohttp import web
 
-from gateway.server_timing import ServerTiming
+from gateway.pipeline.timing import RequestTimings
 from gateway.whole_response import WholeResponse
 
 log = logging.getLogger("routegate.errors")
@@ -25,7 +25,7 @@ log = logging.getLogger("routegate.errors")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Where the middleware finds the per-request timing, so error responses carry it too.
-TIMING_KEY = web.RequestKey("routegate.timing", ServerTiming)
+TIMING_KEY = web.RequestKey("routegate.timing", RequestTimings)
 
 
 class GatewayError(Exception):
@@ -44,6 +44,10 @@ class GatewayError(Exception):
     log_each: ClassVar[bool] = True
     # the connection closes once the error is sent (what is left of it is not read)
     ends_connection: ClassVar[bool] = False
+    # A refusal before any upstream attempt that metrics count as one: rate_limit,
+    # budget or shed, and the limit it names (the `limit` label: rpm, tpm, budget, …)
+    rejection: ClassVar[str | None] = None
+    rejected_limit: ClassVar[str | None] = None
 
     def __init__(self, message: str, *, param: str | None = None,
                  headers: Mapping[str, str] | None = None, code: str | None = None,
@@ -140,6 +144,8 @@ class RateLimited(GatewayError):
     code = "rate_limit_exceeded"
     type = "rate_limit_error"
     retryable = True
+    rejection = "rate_limit"
+    rejected_limit = "rate"
 
 
 class InternalError(GatewayError):
@@ -217,7 +223,7 @@ def _from_http_exception(exc: web.HTTPException) -> GatewayError:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Render every failure OpenAI-shaped, log it once, stamp Server-Timing on the way out."""
-    timing = ServerTiming()
+    timing = RequestTimings()
     request[TIMING_KEY] = timing
     try:
         response = await handler(request)
@@ -236,7 +242,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = InternalError("The gateway failed to process the request; it has been logged.")
     else:
         if not response.prepared:
-            response.headers["Server-Timing"] = timing.header()
+            response.headers["Server-Timing"] = timing.server_timing()
         return response
     if not error.log_each:
         log.debug("%s %s -> %d %s", request.method, request.path, error.status, error.message)
@@ -245,7 +251,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     else:
         log.info("%s %s -> %d %s", request.method, request.path, error.status, error.message)
     rendered = error.to_response()
-    rendered.headers["Server-Timing"] = timing.header()
+    rendered.headers["Server-Timing"] = timing.server_timing()
     if error.ends_connection:
         # Sent now and the connection closed behind it: aiohttp would otherwise linger,
         # reading what is left of a body that has stopped coming (`lingering_time`).

@@ -21,8 +21,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway.context import Attempt, RequestContext
 from gateway.errors import ModelNotFound
+from gateway.pipeline.context import Attempt, RequestContext
 from gateway.telemetry.service import Telemetry
 from policies.load import ModelTarget
 

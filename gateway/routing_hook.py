@@ -6,7 +6,7 @@
     each attempt    the target's in-flight count (waiting in the gateway's queue or
                     running), so predictions see the load this process puts on it
     after attempt   TTFT, decode rate and errors into `LiveStats`; the prediction error
-                    on `ctx.state[PREDICTION_ERROR_STATE]` for the telemetry metric;
+                    as a metric;
                     connect errors, timeouts and 5xx in a row eject the target
                     (`routing.outliers`), and the first attempt after an ejection
                     is its probe
@@ -33,7 +33,6 @@ import orjson
 from aiohttp import web
 
 from gateway.backend_load import install as install_load_poller
-from gateway.context import Attempt, RequestContext
 from gateway.errors import (
     BadRequest,
     Forbidden,
@@ -43,8 +42,9 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.hooks import Hooks, QueueSlots
-from gateway.limits.admission import BUDGET_LEFT_STATE, INPUT_TOKENS_STATE, PRICE_STATE
 from gateway.live_policy import LivePolicy
+from gateway.pipeline.context import Attempt, RequestContext
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.pool import UpstreamPool
 from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
@@ -59,8 +59,6 @@ from routing.tokens import TokenCounter
 
 ROUTE_HEADER = "x-routegate-route"
 DECISION_HEADER = "x-routegate-decision"
-PREDICTION_ERROR_STATE = "routing.prediction_error"  # routing.stats.PredictionError
-_ATTEMPT_STARTED_STATE = "routing.attempt_started_s"  # on the request's timing clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +82,8 @@ class RoutingHook:
         self.reported: dict[str, ModelCapabilities] = {}
         self.learned = Learned()
         self._learned_under: Policy | None = None
+        # the app's metrics (ejections, prediction errors), set as the app starts
+        self.metrics: GatewayMetrics | None = None
 
     def _for(self, policy: Policy) -> _Compiled:
         compiled = self._compiled
@@ -132,8 +132,8 @@ class RoutingHook:
             features = build_features(
                 ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
                 pii=compiled.pii, stats=stats,
-                tenant_budget_left_micro_usd=ctx.state.get(BUDGET_LEFT_STATE),
-                input_tokens=ctx.state.get(INPUT_TOKENS_STATE),
+                tenant_budget_left_micro_usd=ctx.budget_left_micros,
+                input_tokens=ctx.estimated_input_tokens if ctx.ticket is not None else None,
                 key_hash=ctx.identity.key_hash if ctx.identity is not None else None)
         except FeatureError as exc:
             if exc.not_found:
@@ -173,8 +173,8 @@ class RoutingHook:
         broken = attempt.error is not None and (attempt.status is None or attempt.status >= 500)
         changed = (self.ejections.failed(key, now, ctx.policy.file.resilience.outlier_detection)
                    if broken else self.ejections.succeeded(key, now))
-        if changed:
-            ctx.telemetry.metrics.observe_ejection(
+        if changed and self.metrics is not None:
+            self.metrics.observe_ejection(
                 attempt.target.backend_name, attempt.target.model_name, ejected=broken)
         if attempt.cannot is not None:  # a capability it lacks, not a fault
             self._learn(ctx, attempt)
@@ -182,7 +182,7 @@ class RoutingHook:
         if attempt.error is not None:
             self.stats.record_error(key, now, retry_after_s=attempt.retry_after_s)
             return
-        started = ctx.state.get(_ATTEMPT_STARTED_STATE)
+        started = ctx.attempt_started_s
         if started is None:
             return
         timing = ctx.timing
@@ -204,10 +204,10 @@ class RoutingHook:
             explained_ttft_ms=candidate.explained_ttft_ms if candidate else None,
             predicted_ttft_ms=candidate.ttft_ms if candidate and ttft_ms is not None else None,
             predicted_total_ms=candidate.total_ms if candidate else None)
-        ctx.state[PREDICTION_ERROR_STATE] = error
-        ctx.telemetry.metrics.observe_prediction_error(
-            attempt.target.backend_name, attempt.target.model_name,
-            ttft_ms=error.ttft_ms, total_ms=error.total_ms)
+        if self.metrics is not None:
+            self.metrics.observe_prediction_error(
+                attempt.target.backend_name, attempt.target.model_name,
+                ttft_ms=error.ttft_ms, total_ms=error.total_ms)
         if output:
             self.stats.record_output_tokens(decision.route, output)
 
@@ -247,7 +247,7 @@ class _CountedSlot:
         except BaseException:
             self._stats.request_finished(target.key)
             raise
-        ctx.state[_ATTEMPT_STARTED_STATE] = ctx.timing.clock()
+        ctx.attempt_started_s = ctx.timing.clock()
         self._hook.ejections.attempt_started(
             target.key, monotonic(), ctx.policy.file.resilience.outlier_detection)
         ctx.response_headers[ROUTE_HEADER] = target.key  # tried last, or answered
@@ -255,9 +255,9 @@ class _CountedSlot:
         if candidate is not None and target.backend.deployment == "dedicated":
             tokens = ctx.decision.features.input_tokens + ctx.decision.features.output_tokens
             # µUSD per token is USD per million tokens: what settlement charges.
-            ctx.state[PRICE_STATE] = candidate.cost_micro_usd / max(tokens, 1)
+            ctx.amortised_usd_per_mtok = candidate.cost_micro_usd / max(tokens, 1)
         else:
-            ctx.state.pop(PRICE_STATE, None)
+            ctx.amortised_usd_per_mtok = None
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         traceback: Any) -> bool | None:
@@ -311,6 +311,7 @@ def install(app: web.Application, hooks: Hooks, *, live: LivePolicy | None = Non
 
     async def wrap_queue(_: web.Application) -> None:
         hooks.queue = hook.counting(hooks.queue)
+        hook.metrics = hooks.telemetry.metrics
         # Load the BPE tables now, off the loop, not inside the first request.
         await asyncio.to_thread(hook.tokens.encoding_for, "")
 

@@ -40,7 +40,7 @@ class ModelCapabilities:
 
 # OpenAI's own API (and a compatible server not known to lack something) does everything.
 OPENAI: Final = ModelCapabilities(True, True, True, True, True, True, None)
-# What `gateway/upstream/anthropic_translate.py` carries to the Messages API: tools and
+# What `gateway/upstream/chat_to_anthropic.py` carries to the Messages API: tools and
 # image parts; `response_format`, logprobs and `n` > 1 have no counterpart.
 ANTHROPIC: Final = ModelCapabilities(tools=True, vision=True)
 # A launched local backend before it has reported: nothing beyond plain text (it is

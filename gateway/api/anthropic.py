@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.api.anthropic_translate import (
+from gateway.api.messages_to_chat import (
     EventEncoder,
     chat_request,
     error_body,
@@ -28,8 +28,8 @@ from gateway.api.anthropic_translate import (
 from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
 from gateway.auth import TENANT_HEADER
-from gateway.context import Endpoint, RequestContext
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
+from gateway.pipeline.context import Endpoint, RequestContext
 from gateway.request_body import read_limited
 from gateway.routing_hook import ROUTING
 from gateway.whole_response import WholeResponse

@@ -28,8 +28,8 @@ from gateway.api.responses_request import chat_request, input_items, invalid, un
 from gateway.api.responses_state import StoredResponses
 from gateway.api.validate import check_chat
 from gateway.auth import TENANT_HEADER
-from gateway.context import Endpoint, RequestContext
 from gateway.errors import BadRequest, NotFound, UpstreamError
+from gateway.pipeline.context import Endpoint, RequestContext
 from gateway.whole_response import WholeResponse
 from policies.load import ModelTarget
 

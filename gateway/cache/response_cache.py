@@ -27,8 +27,8 @@ from aiohttp import web
 from gateway.blob_store import BlobStore, BlobStoreUnavailable
 from gateway.cache.entry import assembled, decode, encode, replayed
 from gateway.cache.key import Mode, cache_key, mode_of
-from gateway.context import RequestContext
-from gateway.relay import STREAM_HEADERS, stream_writers
+from gateway.pipeline.context import RequestContext
+from gateway.pipeline.relay import STREAM_HEADERS, stream_writers
 from gateway.sse import DONE_EVENT, comment
 from gateway.whole_response import WholeResponse
 from policies.schema import RouteCache
@@ -84,7 +84,7 @@ class ResponseCache:
         return Plan(route, settings, cache_key(route, ctx.body, _CHAT, tenant), mode)
 
     def _note(self, ctx: RequestContext, outcome: str) -> None:
-        ctx.cache = ctx.telemetry.cache = outcome
+        ctx.record.cache = outcome
         ctx.response_headers[HEADER] = outcome
 
     async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
@@ -128,18 +128,18 @@ class ResponseCache:
                 **ctx.response_headers})
         client = web.StreamResponse(status=200, headers={
             **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
-            "Server-Timing": ctx.timing.header()})
+            "Server-Timing": ctx.timing.server_timing()})
         await client.prepare(ctx.request)
         ctx.bytes_sent = True
         _, write_last = stream_writers(client, ctx.endpoint.dialect)
         events = replayed(orjson.loads(completion), with_usage=ctx.client_wants_usage)
-        await write_last(events + comment("server-timing " + ctx.timing.header())
+        await write_last(events + comment("server-timing " + ctx.timing.server_timing())
                          + DONE_EVENT)
         return client
 
     async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
         plan = ctx.cache_plan
-        if plan is None or ctx.cache != "miss" or ctx.error is not None or ctx.status != 200:
+        if plan is None or ctx.record.cache != "miss" or ctx.error is not None or ctx.status != 200:
             return  # no cache here, a hit or a bypass, or not a whole answer
         if ctx.cache_capture is not None:
             whole = assembled(b"".join(ctx.cache_capture), ctx.usage)
@@ -153,7 +153,7 @@ class ResponseCache:
             return  # another API's answer (a native Responses backend's), or not JSON
         if len(body) > plan.settings.max_entry_bytes:
             return
-        entry = encode(body, ctx.cost_micros or 0)
+        entry = encode(body, ctx.record.cost_micros or 0)
         try:
             await self.blobs.put(plan.key, entry, plan.settings.ttl_s)
         except BlobStoreUnavailable as exc:

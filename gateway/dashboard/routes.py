@@ -2,7 +2,7 @@
 
 Static HTML + one JS file shipped in the package (no build step, no external
 assets, so it works air-gapped), polling `GET /dashboard/data` — the JSON
-summary from `LiveStats` — every few seconds.
+summary from `LiveWindow` — every few seconds.
 
 The data names tenants' routes and spend: when the policy lists admin keys, it is
 served to an admin key only. The page takes the key from its URL fragment
@@ -21,7 +21,7 @@ from aiohttp import web
 from gateway.auth import require_admin
 from gateway.backends_admin import target_states
 from gateway.live_policy import LivePolicy
-from gateway.telemetry.live import LiveStats
+from gateway.telemetry.live import LiveWindow
 
 HERE = Path(__file__).resolve().parent
 # Read once at import: two small files, and a handler must not touch the disk.
@@ -30,7 +30,7 @@ _SCRIPT = (HERE / "dashboard.js").read_bytes()
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-def dashboard_routes(live: LiveStats, *, policy: LivePolicy | None = None,
+def dashboard_routes(live: LiveWindow, *, policy: LivePolicy | None = None,
                      state: Callable[[], dict[str, Any]] | None = None,
                      prefix: str = "/dashboard") -> list[web.RouteDef]:
     """`state`: more for the data beside the traffic window (the running policy, each

@@ -8,30 +8,22 @@ chunks actually relayed (one token each, as OpenAI-compatible servers stream the
 a JSON reply without `usage` is charged what was reserved for it; a request that
 never reached a backend is refunded.
 
-What the request leaves in `ctx.state` for the later steps:
-  BUDGET_LEFT_STATE  micro-dollars the tenant may still spend (None: no budget) —
-                     routing passes it as `RequestFeatures.tenant_budget_left_micro_usd`
-  INPUT_TOKENS_STATE the input-token estimate used for the reservation
-  TICKET_STATE       the limiter's ticket (reservation and response headers)
-Routing may put an amortised price for a dedicated target under `PRICE_STATE`
-(USD per million tokens); settlement charges it instead of the declared prices.
+Admission leaves on the context `ticket` (reservation, response headers),
+`estimated_input_tokens` and `budget_left_micros` (routing passes it as
+`RequestFeatures.tenant_budget_left_micro_usd`). Routing may set a dedicated target's
+`amortised_usd_per_mtok`; settlement charges it instead of the declared prices, and
+its charge is the request's cost everywhere (`record.cost_micros`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.context import RequestContext
-from gateway.limits.ledger import MICROS_PER_USD, cost_micros
-from gateway.limits.limiter import Limiter, Ticket
+from gateway.limits.ledger import cost_micros
+from gateway.limits.limiter import Limiter
 from gateway.limits.store import Charge
+from gateway.pipeline.context import RequestContext
 from routing.tokens import TokenCounter
-
-TICKET_STATE = "limits.ticket"
-BUDGET_LEFT_STATE = "tenant_budget_left_micro_usd"
-INPUT_TOKENS_STATE = "estimated_input_tokens"
-PRICE_STATE = "amortised_usd_per_mtok"
-RELAY_STATE = "sse_relay"  # the pipeline's SseRelay for a streamed response
 
 
 def expected_output_tokens(ctx: RequestContext, served: str | None = None) -> int:
@@ -70,7 +62,7 @@ def _reported(usage: dict[str, Any]) -> tuple[int, int]:
 
 def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     """(input, output) tokens this request really used, as well as can be known."""
-    if ctx.cache == "hit":
+    if ctx.record.cache == "hit":
         return 0, 0  # answered from the response cache: no backend used any
     if ctx.usage is not None:
         return _reported(ctx.usage)
@@ -78,11 +70,10 @@ def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
         last = ctx.attempts[-1] if ctx.attempts else None
         if last is not None and last.error is None and (last.status or 500) < 300:
             # a JSON reply that did not report usage: what was reserved for it
-            return int(ctx.state.get(INPUT_TOKENS_STATE, 0)), expected_output_tokens(ctx)
+            return ctx.estimated_input_tokens, expected_output_tokens(ctx)
         return 0, 0  # no backend answered (or it failed before streaming): nothing used
-    relay = ctx.state.get(RELAY_STATE)
-    produced = getattr(relay, "content_events", 0)
-    return int(ctx.state.get(INPUT_TOKENS_STATE, 0)), int(produced)
+    produced = ctx.sse_relay.content_events if ctx.sse_relay is not None else 0
+    return ctx.estimated_input_tokens, produced
 
 
 class LimitsAdmission:
@@ -94,28 +85,25 @@ class LimitsAdmission:
         identity = ctx.identity
         tenant = identity.tenant if identity is not None else "anonymous"
         input_tokens = self.tokens.count_request(ctx.body)
-        ctx.state[INPUT_TOKENS_STATE] = input_tokens
+        ctx.estimated_input_tokens = input_tokens
         served = ctx.policy.resolve_model(ctx.model, tenant)
         route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
             ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx, served),
             key_hash=identity.key_hash if identity is not None else None, route=route)
-        ctx.state[TICKET_STATE] = ticket
-        ctx.state[BUDGET_LEFT_STATE] = ticket.remaining_budget_micros
+        ctx.ticket = ticket
+        ctx.budget_left_micros = ticket.remaining_budget_micros
         ctx.response_headers.update(ticket.headers)
 
     async def settle(self, ctx: RequestContext) -> None:
-        ticket: Ticket | None = ctx.state.get(TICKET_STATE)
+        ticket = ctx.ticket
         if ticket is None:
             return
         input_tokens, output_tokens = actual_tokens(ctx)
         cost = 0
         if ctx.target is not None and (input_tokens or output_tokens):
             cost = cost_micros(ctx.target.backend, ctx.target.spec, input_tokens, output_tokens,
-                               amortised_price_usd_per_mtok=ctx.state.get(PRICE_STATE))
-        ctx.cost_micros = cost
+                               amortised_price_usd_per_mtok=ctx.amortised_usd_per_mtok)
+        ctx.record.cost_micros = cost
         await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
                                   charge=Charge(input_tokens, output_tokens, cost))
-        # the ledger's figure is the request's cost everywhere: metrics, access log,
-        # dashboard (a dedicated backend's amortised price included)
-        ctx.telemetry.cost(cost / MICROS_PER_USD)

@@ -49,16 +49,19 @@ from policies.load import Policy
 
 class RequestsLimitExceeded(RateLimited):
     type = "requests"  # OpenAI's 429 says which limit in `type`
+    rejected_limit = "rpm"
 
 
 class TokensLimitExceeded(RateLimited):
     type = "tokens"
+    rejected_limit = "tpm"
 
 
 class BudgetExceeded(RateLimited):
     code = "budget_exceeded"
     type = "insufficient_quota"  # what OpenAI calls an exhausted spend allowance
     retryable = False
+    rejection = rejected_limit = "budget"
 
 
 class LimitStoreUnavailable(GatewayError):

@@ -11,7 +11,7 @@ from gateway.queueing.errors import (
 from gateway.queueing.fair_share import PRIORITIES, Priority
 from gateway.queueing.queues import BackendQueues, QueueSnapshot
 from gateway.queueing.shedding import ShedPolicy
-from gateway.queueing.slots import Acquisition, QueueCounters, Ticket
+from gateway.queueing.slots import Acquisition, QueueCounters, SlotTicket
 
 __all__ = [
     "PRIORITIES",
@@ -27,7 +27,7 @@ __all__ = [
     "QueueRejected",
     "QueueSnapshot",
     "ShedPolicy",
-    "Ticket",
+    "SlotTicket",
     "TimerHandle",
     "WouldMissDeadline",
 ]

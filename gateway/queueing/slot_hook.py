@@ -19,21 +19,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.context import RequestContext
 from gateway.errors import DeadlinePassed, NoBackendAvailable
+from gateway.pipeline.context import RequestContext
 from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
 from gateway.queueing.fair_share import Priority
 from gateway.queueing.queues import BackendQueues
-from gateway.queueing.slots import Ticket
+from gateway.queueing.slots import SlotTicket
 from policies.load import ModelTarget
-
-QUEUE_STATE = "queue"  # ctx.state key: the held backend `Ticket` (key, priority, waited_s)
 
 
 class BackendSaturated(NoBackendAvailable):
     """A backend's queue refused the request before anything was sent; try elsewhere."""
 
     code = "backend_overloaded"
+    rejection = "shed"
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
@@ -76,7 +75,7 @@ class _Slot:
 
     def __init__(self, hook: QueueSlotHook, ctx: RequestContext, target: ModelTarget) -> None:
         self._hook, self._ctx, self._target = hook, ctx, target
-        self._tickets: list[Ticket] = []
+        self._tickets: list[SlotTicket] = []
 
     async def __aenter__(self) -> None:
         ctx, target = self._ctx, self._target
@@ -92,7 +91,6 @@ class _Slot:
             ) from exc
         tickets = self._tickets
         ctx.timing.add_wait("queue", sum(ticket.waited_s for ticket in tickets))
-        ctx.state[QUEUE_STATE] = tickets[-1]
 
     async def _acquire_all(self) -> None:
         """A slot in each of the target's queues (its own, then its backend's), or none."""

@@ -47,7 +47,7 @@ class QueueCounters:
 
 
 @dataclass(eq=False)
-class Ticket:
+class SlotTicket:
     """A held slot. `release()` is idempotent; the context-manager form calls it for you."""
 
     key: str
@@ -110,13 +110,13 @@ class SlotQueue:
     # -- acquire / release --------------------------------------------------------------
 
     async def acquire(self, *, tenant: str, priority: Priority, deadline: float | None,
-                      now: float | None) -> Ticket:
+                      now: float | None) -> SlotTicket:
         arrived = self._clock.now() if now is None else now
         if self._has_free_slot():
             self.in_flight += 1
             self.counters.admitted_at_once += 1
             self._arrivals[priority].add(arrived)
-            return Ticket(self.key, tenant, priority, 0.0, arrived, self)
+            return SlotTicket(self.key, tenant, priority, 0.0, arrived, self)
         waiter = self._enqueue(tenant, priority, math.inf if deadline is None else deadline,
                                arrived)
         self._arrivals[priority].add(arrived)
@@ -125,10 +125,10 @@ class SlotQueue:
         except asyncio.CancelledError:
             self._abandon(waiter)
             raise
-        return Ticket(self.key, tenant, priority, max(0.0, granted_at - arrived), granted_at,
+        return SlotTicket(self.key, tenant, priority, max(0.0, granted_at - arrived), granted_at,
                       self)
 
-    def release(self, ticket: Ticket) -> None:
+    def release(self, ticket: SlotTicket) -> None:
         now = self._clock.now()
         held_s = max(0.0, now - ticket.granted_at)
         self.mean_service_s += SERVICE_EWMA_ALPHA * (held_s - self.mean_service_s)
@@ -261,7 +261,7 @@ class SlotQueue:
 
 
 class Acquisition:
-    """`await queues.acquire(...)` → Ticket, or `async with queues.acquire(...) as ticket:`."""
+    """`await queues.acquire(...)` → SlotTicket, or `async with queues.acquire(...) as ticket:`."""
 
     __slots__ = ("_deadline", "_now", "_priority", "_queue", "_tenant", "_ticket")
 
@@ -272,13 +272,13 @@ class Acquisition:
         self._priority = priority
         self._deadline = deadline
         self._now = now
-        self._ticket: Ticket | None = None
+        self._ticket: SlotTicket | None = None
 
-    def __await__(self) -> Generator[Any, None, Ticket]:
+    def __await__(self) -> Generator[Any, None, SlotTicket]:
         return self._queue.acquire(tenant=self._tenant, priority=self._priority,
                                    deadline=self._deadline, now=self._now).__await__()
 
-    async def __aenter__(self) -> Ticket:
+    async def __aenter__(self) -> SlotTicket:
         self._ticket = await self
         return self._ticket
 

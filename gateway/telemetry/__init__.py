@@ -1,27 +1,18 @@
-"""Traces, metrics, the Server-Timing split, access logs and the live dashboard's data."""
+"""Reports on finished requests: metrics, the access log, the live dashboard's data and
+traces (`tracing/`), all read from the request record."""
 
 from gateway.telemetry.access_log import AccessLog, AccessRecord
-from gateway.telemetry.attempt import UpstreamAttempt
-from gateway.telemetry.inference_time import InferenceReport, from_body, from_headers
-from gateway.telemetry.live import LiveStats
+from gateway.telemetry.live import LiveWindow
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.request import RequestTelemetry
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.timing import RequestTimings, TimingSplit
-from gateway.telemetry.tracing import tracer_provider_from_env
+from gateway.telemetry.tracing import Tracing, tracing_from_env
 
 __all__ = [
     "AccessLog",
     "AccessRecord",
     "GatewayMetrics",
-    "InferenceReport",
-    "LiveStats",
-    "RequestTelemetry",
-    "RequestTimings",
+    "LiveWindow",
     "Telemetry",
-    "TimingSplit",
-    "UpstreamAttempt",
-    "from_body",
-    "from_headers",
-    "tracer_provider_from_env",
+    "Tracing",
+    "tracing_from_env",
 ]

@@ -18,7 +18,8 @@ from typing import IO, Any
 
 import orjson
 
-from gateway.telemetry.timing import TimingSplit
+from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.timing import TimingSplit
 
 LOGGER_NAME = "routegate.access"
 
@@ -46,6 +47,20 @@ class AccessRecord:
     output_tokens: int | None = None
     cost_usd: float | None = None
     timing: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> AccessRecord:
+        """The access line of a finished request (never its content, headers or key)."""
+        assert record.split is not None
+        return cls(
+            request_id=record.request_id, method=record.method, path=record.path,
+            status=record.status, client=record.client, trace_id=record.trace_id,
+            tenant=record.tenant, auth=record.auth, route=record.route,
+            backend=record.backend, model=record.model, stream=record.stream,
+            attempts=len(record.attempts), decision_reason=record.reason,
+            error_code=record.error_code, input_tokens=record.input_tokens,
+            output_tokens=record.output_tokens, cost_usd=record.cost_usd,
+            timing=cls.timing_of(record.split))
 
     @staticmethod
     def timing_of(split: TimingSplit) -> dict[str, float]:

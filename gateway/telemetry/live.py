@@ -44,7 +44,9 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return round(ordered[rank - 1], 3)
 
 
-class LiveStats:
+class LiveWindow:
+    """The last few minutes of this process's finished requests, for the dashboard."""
+
     def __init__(
         self,
         *,

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.timing import TimingSplit
 from gateway.telemetry.metric_series import (
     CounterFamily,
     CounterSeries,
@@ -27,7 +29,6 @@ from gateway.telemetry.metric_series import (
     HistogramFamily,
     HistogramSeries,
 )
-from gateway.telemetry.timing import TimingSplit
 
 NAMESPACE = "routegate"
 OTHER = "other"
@@ -199,6 +200,23 @@ class GatewayMetrics:
         )
 
     # recorders: label order and the label guard live here, not at the call sites -----
+    def observe_record(self, record: RequestRecord) -> None:
+        """Everything one finished request contributes, read from its record."""
+        assert record.split is not None
+        if record.route is not None and record.reason is not None:
+            self.observe_decision(record.route, record.decided_backend or "", record.reason)
+        for from_backend, to_backend in record.fallbacks():
+            self.observe_fallback(record.route or "", from_backend, to_backend)
+        if record.rejection == "shed":
+            self.observe_shed(record.backend or "", record.priority)
+        elif record.rejection is not None:
+            self.observe_rejection(record.tenant or "", record.rejected_limit or record.rejection)
+        self.observe_request(
+            route=record.route or "", backend=record.backend or "", model=record.model or "",
+            tenant=record.tenant or "", priority=record.priority, status=record.status,
+            split=record.split, input_tokens=record.input_tokens,
+            output_tokens=record.output_tokens, cost_usd=record.cost_usd)
+
     def observe_request(
         self,
         *,

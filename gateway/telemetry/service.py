@@ -1,50 +1,45 @@
-"""`Telemetry`: the app-wide objects (tracer provider, metrics, access log, live window)."""
+"""`Telemetry`: the app-wide reporters of finished requests — metrics, the access log,
+the dashboard's live window and the traces.
+
+`begin()` opens a request's record (sampled, when traces are on); the pipeline fills
+it; `finish()` fixes its timing split and hands the final record to every reporter,
+once, whatever path the request took (answered, refused, cut off by a disconnect).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from time import perf_counter
+from collections.abc import Callable, Mapping
+from time import perf_counter, time_ns
 from typing import IO
 
-from opentelemetry.trace import NoOpTracerProvider, TracerProvider
-
-from gateway.telemetry.access_log import AccessLog
-from gateway.telemetry.light_span import ChildSpans
-from gateway.telemetry.live import LiveStats
+import gateway.telemetry.semconv as a
+from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.timing import Clock, RequestTimings
+from gateway.telemetry.access_log import AccessLog, AccessRecord
+from gateway.telemetry.live import LiveWindow, Sample
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.record_span import RecordSpans
-from gateway.telemetry.request import RequestTelemetry
-from gateway.telemetry.span_pipe import SpanPipe
-from gateway.telemetry.spans import tracer_of
-from gateway.telemetry.timing import Clock, RequestTimings
-from gateway.telemetry.tracing import tracer_provider_from_env
+from gateway.telemetry.tracing.setup import Tracing, tracing_from_env
+from gateway.telemetry.tracing.trace_context import inbound_trace_id
+
+NO_TIMINGS = "a record finishes with its timings"
 
 
 class Telemetry:
-    """One per app; `begin()` one `RequestTelemetry` per request. Nothing is global."""
+    """One per app. Nothing is global."""
 
     def __init__(
         self,
         *,
-        provider: TracerProvider | None = None,
+        tracing: Tracing | None = None,
         metrics: GatewayMetrics | None = None,
         access_log: AccessLog | None = None,
-        live: LiveStats | None = None,
+        live: LiveWindow | None = None,
         clock: Clock | None = None,
     ) -> None:
-        # The API's no-op provider: spans cost a few attribute look-ups, nothing exported.
-        self.provider: TracerProvider = provider or NoOpTracerProvider()
-        self.tracer = tracer_of(self.provider)
-        # False: no spans at all, so a request builds none (`RequestTrace.untraced`)
-        self.traced = not isinstance(self.provider, NoOpTracerProvider)
-        # A request is recorded for the exporter process (`records`), else its spans are
-        # light spans (`children`); neither: the no-op provider, or another SDK set-up.
-        self.records = RecordSpans.for_tracer(self.tracer) if self.traced else None
-        self.children: ChildSpans | None = (
-            ChildSpans.for_tracer(self.tracer) if self.records is None else None)
+        self.tracing = tracing  # None: no traces (an inbound traceparent still goes on)
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
-        self.live = live or LiveStats()
+        self.live = live or LiveWindow()
         self.clock: Clock = clock or perf_counter
 
     @classmethod
@@ -53,9 +48,15 @@ class Telemetry:
         """What `routegate serve` uses: `OTEL_*` for traces; access lines to
         `access_stream` (buffered bytes) when given, else to logging."""
         return cls(
-            provider=tracer_provider_from_env(env),
+            tracing=tracing_from_env(env),
             access_log=AccessLog(stream=access_stream) if access_stream is not None else None,
         )
+
+    @property
+    def new_span_id(self) -> Callable[[], int] | None:
+        """The id generator's `generate_span_id`, for attempts' spans (None: untraced)."""
+        tracing = self.tracing
+        return tracing.sampling.ids.generate_span_id if tracing is not None else None
 
     def begin(
         self,
@@ -67,24 +68,60 @@ class Telemetry:
         record_content: bool = False,
         timings: RequestTimings | None = None,
         client: str | None = None,
-    ) -> RequestTelemetry:
-        return RequestTelemetry(
-            self, request_id=request_id, method=method, path=path, headers=headers,
-            record_content=record_content, timings=timings, client=client,
-        )
+    ) -> RequestRecord:
+        record = RequestRecord(request_id=request_id, method=method, path=path, client=client)
+        record.timings = timings if timings is not None else RequestTimings(clock=self.clock)
+        tracing = self.tracing
+        if tracing is None:
+            record.inbound_trace_id = inbound_trace_id(headers)
+        else:
+            record.trace = tracing.sampling.start(f"{method} {path}", headers, {
+                a.HTTP_REQUEST_METHOD: method, a.HTTP_ROUTE: path, a.RG_REQUEST_ID: request_id})
+            record.keeps_content = record_content and record.trace.sampled
+        return record
+
+    def finish(self, record: RequestRecord) -> None:
+        """Fix the record's timing split and report it (once). `record.status` is final;
+        0 means an unexpected exception, which the middleware answers with a 500."""
+        if record.end_ns:
+            return
+        timings = record.timings
+        assert timings is not None, NO_TIMINGS
+        record.end_ns = time_ns()
+        if not record.status:
+            record.status = 500
+        for attempt in record.attempts:  # a disconnect may leave one open
+            if not attempt.ended:
+                attempt.ended, attempt.end_ns = True, record.end_ns
+        timings.finish()
+        split = record.split = timings.split()
+        record.gw_ms, record.queue_ms = split.gw_ms, split.queue_ms
+        record.upstream_ms, record.total_ms = split.upstream_ms, split.total_ms
+        record.ttft_ms, record.inference_ms = split.ttft_ms, split.inference_ms
+        self.metrics.observe_record(record)
+        live = self.live
+        if record.rejection is not None:
+            live.rejected(record.rejection)
+        live.record(Sample(
+            at_s=live.clock(), backend=record.backend or "", route=record.route or "",
+            status=record.status, total_ms=split.total_ms, queue_ms=split.queue_ms,
+            ttft_ms=split.ttft_ms, inference_ms=split.inference_ms, reason=record.reason,
+            cost_usd=record.cost_usd or 0.0, cache=record.cache,
+        ))
+        if self.access_log.enabled:
+            self.access_log.write(AccessRecord.of(record))
+        if self.tracing is not None and record.sampled:
+            self.tracing.sink.export(record)
 
     def dropped_spans(self) -> int:
-        """Spans the trace export dropped so far (the exporter process's pipe; 0 else)."""
-        processor = getattr(self.provider, "_active_span_processor", None)
-        for inner in getattr(processor, "_span_processors", ()):
-            if isinstance(inner, SpanPipe):
-                return inner.dropped_spans
-        return 0
+        """Spans the trace export dropped so far."""
+        return self.tracing.sink.dropped_spans if self.tracing is not None else 0
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.tracing.sink.force_flush(timeout_millis) if self.tracing else True
 
     def shutdown(self) -> None:
-        """Flush access lines still buffered and spans still batched (the SDK provider;
-        the no-op one has nothing)."""
+        """Flush access lines still buffered and spans still batched."""
         self.access_log.flush()
-        shutdown = getattr(self.provider, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        if self.tracing is not None:
+            self.tracing.sink.shutdown()

@@ -1,7 +1,7 @@
 """Adapter for `type: anthropic` backends: the Messages API behind the OpenAI one.
 
 The pipeline speaks chat completions to every adapter. This one translates the request
-on the way out (`anthropic_translate.messages_request`) and hands back an
+on the way out (`chat_to_anthropic.messages_request`) and hands back an
 `AnthropicResponse` that reads like an OpenAI backend's response: a JSON body becomes a
 `chat.completion` (or OpenAI's error JSON), an event stream becomes
 `chat.completion.chunk` SSE, one network read at a time. So the pipeline's relay,
@@ -22,7 +22,7 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from gateway.errors import BadRequest
-from gateway.upstream.anthropic_translate import (
+from gateway.upstream.chat_to_anthropic import (
     ChunkTranslator,
     StreamError,
     chat_completion,

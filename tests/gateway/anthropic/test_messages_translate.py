@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.anthropic_translate import (
+from gateway.api.messages_to_chat import (
     EventEncoder,
     chat_request,
     error_body,

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.upstream.anthropic_translate import (
+from gateway.upstream.chat_to_anthropic import (
     DEFAULT_MAX_TOKENS,
     ChunkTranslator,
     StreamError,

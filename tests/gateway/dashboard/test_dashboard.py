@@ -11,13 +11,13 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.auth import key_hash
 from gateway.dashboard import dashboard_routes
-from gateway.telemetry.live import LiveStats, Sample
+from gateway.telemetry.live import LiveWindow, Sample
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
 from tests.gateway.dashboard.chromium import chromium_or_skip, png_colours, run_chromium
 
 
-def traffic(live: LiveStats) -> None:
+def traffic(live: LiveWindow) -> None:
     now = live.clock()
     for i in range(40):
         local = i % 4 != 0
@@ -32,8 +32,8 @@ def traffic(live: LiveStats) -> None:
 
 
 @pytest.fixture
-async def dashboard() -> AsyncIterator[tuple[TestClient, LiveStats]]:
-    live = LiveStats()
+async def dashboard() -> AsyncIterator[tuple[TestClient, LiveWindow]]:
+    live = LiveWindow()
     app = web.Application()
     app.add_routes(dashboard_routes(live))
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -41,7 +41,7 @@ async def dashboard() -> AsyncIterator[tuple[TestClient, LiveStats]]:
 
 
 async def test_page_and_script_are_served_without_external_assets(
-    dashboard: tuple[TestClient, LiveStats],
+    dashboard: tuple[TestClient, LiveWindow],
 ) -> None:
     client, _ = dashboard
     page = await client.get("/dashboard")
@@ -55,7 +55,7 @@ async def test_page_and_script_are_served_without_external_assets(
 
 
 async def test_data_endpoint_summarises_per_backend(
-    dashboard: tuple[TestClient, LiveStats],
+    dashboard: tuple[TestClient, LiveWindow],
 ) -> None:
     client, live = dashboard
     traffic(live)

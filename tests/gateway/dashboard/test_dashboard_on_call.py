@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import key_hash
-from gateway.telemetry.live import LiveStats, Sample
+from gateway.telemetry.live import LiveWindow, Sample
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
 from tests.gateway.dashboard.chromium import chromium_or_skip, png_colours, run_chromium
@@ -22,7 +22,7 @@ LONG = "shared-provider-with-a-rather-long-name"
 
 
 def test_failed_requests_count_in_status_classes_not_in_latency() -> None:
-    live = LiveStats()
+    live = LiveWindow()
     now = live.clock()
     for i, (status, total) in enumerate([(200, 900.0), (200, 1100.0), (502, 2.0), (502, 3.0),
                                          (502, 1.0), (429, 1.0)]):

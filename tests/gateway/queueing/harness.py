@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from gateway.queueing import BackendQueues, Priority, QueueDeadlinePassed, QueueRejected, Ticket
+from gateway.queueing import BackendQueues, Priority, QueueDeadlinePassed, QueueRejected, SlotTicket
 
 
 class ManualTimer:
@@ -54,13 +54,13 @@ class Harness:
         self.queues = queues
         self.key = key
         self.granted: list[str] = []
-        self.tickets: dict[str, Ticket] = {}
-        self.tasks: dict[str, asyncio.Task[Ticket | None]] = {}
+        self.tickets: dict[str, SlotTicket] = {}
+        self.tasks: dict[str, asyncio.Task[SlotTicket | None]] = {}
         self.failed: dict[str, Exception] = {}  # label → why it got no slot
 
     def arrive(self, label: str, *, tenant: str = "acme", priority: Priority = "normal",
-               deadline: float | None = None) -> asyncio.Task[Ticket | None]:
-        async def request() -> Ticket | None:
+               deadline: float | None = None) -> asyncio.Task[SlotTicket | None]:
+        async def request() -> SlotTicket | None:
             try:
                 ticket = await self.queues.acquire(self.key, tenant=tenant, priority=priority,
                                                    deadline=deadline)

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app import create_app
 from gateway.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.tracing import tracer_provider_from_env
+from gateway.telemetry.tracing import Tracing, tracing_from_env
 from tests.conftest import RunningGateway, StartScripted, as_policy
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
 
@@ -35,12 +34,12 @@ async def otlp_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
 class Traced:
     gateway: RunningGateway
     telemetry: Telemetry
-    provider: TracerProvider | None
+    tracing: Tracing | None
 
     async def flush(self) -> None:
         # The exporter blocks its thread on the receiver, which runs on this loop.
-        if self.provider is not None:
-            await asyncio.to_thread(self.provider.force_flush)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.sink.force_flush)
 
 
 StartTraced = Callable[..., Awaitable[Traced]]
@@ -51,16 +50,16 @@ async def start_traced() -> AsyncIterator[StartTraced]:
     """`await start_traced(policy, otlp_url=None)`: the real app with its own telemetry
     (exporting over OTLP/HTTP to `otlp_url` when given; access log to ACCESS_LOGGER)."""
     runners: list[web.AppRunner] = []
-    providers: list[TracerProvider] = []
+    tracings: list[Tracing] = []
 
     async def start(policy: Any, otlp_url: str | None = None) -> Traced:
-        provider = None
+        tracing = None
         if otlp_url:
-            provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
-                                                 "OTEL_BSP_SCHEDULE_DELAY": "50"})
-            if provider is not None:
-                providers.append(provider)
-        telemetry = Telemetry(provider=provider,
+            tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
+                                        "OTEL_BSP_SCHEDULE_DELAY": "50"})
+            if tracing is not None:
+                tracings.append(tracing)
+        telemetry = Telemetry(tracing=tracing,
                               access_log=AccessLog(logging.getLogger(ACCESS_LOGGER)))
         app = create_app(as_policy(policy), Settings(port=0), telemetry=telemetry)
         runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
@@ -69,13 +68,13 @@ async def start_traced() -> AsyncIterator[StartTraced]:
         runners.append(runner)
         port = runner.addresses[0][1]
         return Traced(RunningGateway(app=app, url=f"http://127.0.0.1:{port}"), telemetry,
-                      provider)
+                      tracing)
 
     yield start
     for runner in runners:
         await runner.cleanup()
-    for provider in providers:  # stops the exporter process (it flushes to the receiver)
-        await asyncio.to_thread(provider.shutdown)
+    for tracing in tracings:  # stops the exporter process (it flushes to the receiver)
+        await asyncio.to_thread(tracing.sink.shutdown)
 
 
 StartRaw = Callable[[web.Response], Awaitable[str]]

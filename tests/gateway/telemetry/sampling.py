@@ -1,5 +1,5 @@
-"""What the root-sampling tests share: inbound trace contexts, a sampler that leaves
-its mark, and a records sink that keeps what the request path hands it."""
+"""What the sampling tests share: inbound trace contexts, a sampler that leaves its
+mark, and a records sink that keeps what the request path hands it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState, get_current_span
 
-from gateway.telemetry.span_records import Record, record_of
+from gateway.pipeline.record import RequestRecord
 
 INBOUND = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
            "tracestate": "vendor=abc"}
@@ -33,21 +32,19 @@ class Tagging(Sampler):
         return "Tagging"
 
 
-class Kept(SpanProcessor):
+class Kept:
     """A records sink that keeps what it is given (the seam `SpanPipe` fills)."""
 
-    takes_records = True
+    dropped_spans = 0
 
     def __init__(self) -> None:
-        self.records: list[Record] = []
+        self.records: list[RequestRecord] = []
 
-    def append(self, record: Record) -> None:
+    def export(self, record: RequestRecord) -> None:
         self.records.append(record)
 
-    def on_end(self, span: ReadableSpan) -> None:
-        scope = span.instrumentation_scope
-        assert scope is not None
-        self.records.append(record_of(span, (scope.name, scope.version, scope.schema_url)))
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
 
-    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+    def shutdown(self) -> None:
         return None

@@ -1,10 +1,14 @@
-"""Drives a `RequestTelemetry` through the steps the pipeline takes, with plain values."""
+"""Drives a request record through the steps the pipeline takes, with plain values."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from gateway.telemetry.request import RequestTelemetry
+from gateway.limits.ledger import cost_micros
+from gateway.pipeline.attempt_facts import AttemptFacts
+from gateway.pipeline.queue_wait import QueuedSlot
+from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.request_facts import note_request
 from gateway.telemetry.service import Telemetry
 from policies.load import ModelTarget
 from policies.schema import Backend, ModelSpec
@@ -12,6 +16,20 @@ from tests.gateway.telemetry.fake_clock import FakeClock
 
 PROMPT = "my secret plan is to buy 400 llamas"
 COMPLETION = "the llamas arrive on tuesday"
+TOKEN_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+
+
+class WaitingSlot:
+    """A queue slot that takes `wait` (the fake clock's advance) to come free."""
+
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self._wait = wait
+
+    async def __aenter__(self) -> None:
+        self._wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 def target(backend: str) -> ModelTarget:
@@ -33,38 +51,51 @@ async def scripted_request(
     final_body: Mapping[str, object] | None = None,
     record_content: bool = False,
     injected: dict[str, str] | None = None,
-) -> RequestTelemetry:
+) -> RequestRecord:
     tick = clock.advance_ms if clock else (lambda ms: None)
-    tel = telemetry.begin(request_id="req-1", method="POST", path="/v1/chat/completions",
-                          headers=headers or {}, record_content=record_content)
-    with tel.step("routegate.auth"):
+    record = telemetry.begin(request_id="req-1", method="POST", path="/v1/chat/completions",
+                             headers=headers or {}, record_content=record_content)
+    timings = record.timings
+    assert timings is not None
+    with record.step("routegate.auth"):
         tick(1)
-    tel.identify(tenant="acme", requested_model="chat", stream=True, max_tokens=64)
-    with tel.step("routegate.rate_limit"):
+    record.tenant = "acme"
+    note_request(record, "chat.completions", "chat", True,
+                 {"max_tokens": 64, "prompt": PROMPT})
+    with record.step("routegate.rate_limit"):
         tick(1)
-    with tel.step("routegate.route") as span:
-        tel.routed(span, route="chat", backend=backend, model="llama", reason="cheapest",
-                   decision_id="d-1", predicted_ttft_ms=90.0, candidates=[f"{backend}/llama"])
-    async with tel.queue_wait(backend):
-        tick(5)
-    out: dict[str, str] = {}
-    attempt = tel.upstream(target(backend), out)
+    with record.step("routegate.route"):
+        record.route, record.decided_backend, record.reason = "chat", backend, "cheapest"
+        record.decision_id, record.predicted_ttft_ms = "d-1", 90.0
+        if record.sampled:
+            record.candidates = [f"{backend}/llama"]
+    metrics = telemetry.metrics
+    async with QueuedSlot(record, timings, backend, metrics.queue_depth_of(backend),
+                          WaitingSlot(lambda: tick(5))):
+        pass
+    out: dict[str, str] = dict(headers or {})
+    facts = AttemptFacts.start(record, target(backend), timings, metrics.in_flight_of(backend),
+                               out, telemetry.new_span_id)
     if injected is not None:
         injected.update(out)
     tick(40)
-    attempt.responded(upstream_headers or {"server-timing": "queue;dur=2, prefill;dur=30"})
+    facts.responded(upstream_headers or {"server-timing": "queue;dur=2, prefill;dur=30"})
     for _ in range(3):
         tick(10)
-        attempt.token()
-    attempt.body(final_body or {
+        facts.relayed(TOKEN_EVENT)
+    facts.body(final_body or {
         "id": "cmpl-1", "model": "llama-served",
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 3},
         "timings": {"inference_ms": 55.5, "decode_ms": 25.5},
     })
-    attempt.end()
-    tel.price(target(backend))  # 12 in, 3 out at $100/$300 per Mtok
-    tel.content(prompt=PROMPT, completion=COMPLETION)
+    facts.end()
+    spec = target(backend)
+    # what settlement charges: 12 in, 3 out at $100/$300 per Mtok
+    record.cost_micros = cost_micros(spec.backend, spec.spec, 12, 3)
+    if record.keeps_content:
+        record.completion = COMPLETION
     tick(1)
-    tel.finish(status)
-    return tel
+    record.status = status
+    telemetry.finish(record)
+    return record

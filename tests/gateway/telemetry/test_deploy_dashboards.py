@@ -24,9 +24,9 @@ async def exported_series() -> set[str]:
     """Every sample name /metrics exposes after a little traffic."""
     clock = FakeClock()
     telemetry = Telemetry(clock=clock)
-    tel = await scripted_request(telemetry, clock)
-    tel.rejected("rate_limit", limit="rpm")
-    tel.rejected("shed")
+    await scripted_request(telemetry, clock)
+    telemetry.metrics.observe_rejection("acme", "rpm")
+    telemetry.metrics.observe_shed("local", "normal")
     telemetry.metrics.observe_fallback("chat", "a", "b")
     telemetry.metrics.observe_prediction_error("a", "m", ttft_ms=-20.0, total_ms=150.0)
     telemetry.metrics.policy_reloads.labels("ok").inc()

@@ -1,7 +1,7 @@
 """Spans leave the gateway through its exporter process, and nothing there can stall it.
 
 Real parts throughout: the exporter process (`python -m
-gateway.telemetry.export_process`), a real OTLP/HTTP receiver on loopback, and a
+gateway.telemetry.tracing.export_process`), a real OTLP/HTTP receiver on loopback, and a
 collector that accepts connections and never answers.
 """
 
@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import TracerProvider
 
-from gateway.telemetry.export_process import Exporter, lower_autogroup_priority
-from gateway.telemetry.otlp_post import ExportConfig
-from gateway.telemetry.record_span import RecordSpans
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.span_pipe import MARSHAL_VERSION, SpanPipe
-from gateway.telemetry.tracing import resource_from_env, tracer_provider_from_env
+from gateway.telemetry.tracing import Tracing, tracing_from_env
+from gateway.telemetry.tracing.export_process import Exporter, lower_autogroup_priority
+from gateway.telemetry.tracing.otlp_post import ExportConfig
+from gateway.telemetry.tracing.pipe import MARSHAL_VERSION, SpanPipe
+from gateway.telemetry.tracing.setup import resource_from_env, sampler_from_env
+from gateway.telemetry.tracing.trace_context import Sampling
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.telemetry.conftest import StartTraced
@@ -42,19 +42,17 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def piped(endpoint: str, timeout_s: float = 5.0,
-          **options: float) -> tuple[Telemetry, SpanPipe, TracerProvider]:
+          **options: float) -> tuple[Telemetry, SpanPipe, SpanPipe]:
+    """(telemetry, its pipe, the pipe again: what flushes and shuts the export down)."""
     resource = resource_from_env({}, "routegate")
-    provider = TracerProvider(resource=resource)
     export = ExportConfig(endpoint=endpoint, timeout_s=timeout_s)
     pipe = SpanPipe(export, resource=dict(resource.attributes), **options)  # type: ignore[arg-type]
-    provider.add_span_processor(pipe)
-    telemetry = Telemetry(provider=provider)
-    assert isinstance(telemetry.records, RecordSpans)
-    return telemetry, pipe, provider
+    telemetry = Telemetry(tracing=Tracing(Sampling(sampler_from_env({})), pipe))
+    return telemetry, pipe, pipe
 
 
-def the_pipe(provider: TracerProvider) -> SpanPipe:
-    (pipe,) = provider._active_span_processor._span_processors
+def the_pipe(tracing: Tracing) -> SpanPipe:
+    pipe = tracing.sink
     assert isinstance(pipe, SpanPipe)
     return pipe
 
@@ -75,14 +73,15 @@ async def test_the_environments_otlp_http_export_runs_in_a_separate_process(
     otlp_receiver: tuple[OtlpReceiver, str],
 ) -> None:
     receiver, url = otlp_receiver
-    provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url})
-    assert provider is not None
-    telemetry = Telemetry(provider=provider)
+    tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url})
+    assert tracing is not None
+    provider = tracing.sink
+    telemetry = Telemetry(tracing=tracing)
     tel = await scripted_request(telemetry)
     started = time.monotonic()
     assert await asyncio.to_thread(provider.force_flush)  # starts it, sends, waits
     assert time.monotonic() - started < 2.0
-    pipe = the_pipe(provider)
+    pipe = the_pipe(tracing)
     assert pipe.process is not None and pipe.process.pid != os.getpid()
     spans = await receiver.wait_for(lambda s: len(s) == SPANS)
     assert {s.trace_id for s in spans} == {tel.trace_id}
@@ -236,8 +235,8 @@ async def test_the_gateway_keeps_serving_when_its_exporter_process_is_killed(
 ) -> None:
     receiver, otlp_url = otlp_receiver
     traced = await start_traced(single_backend_policy(openai_upstream.url), otlp_url)
-    assert traced.provider is not None
-    pipe = the_pipe(traced.provider)
+    assert traced.tracing is not None
+    pipe = the_pipe(traced.tracing)
     assert (await post(traced.gateway.url, CHAT))[0] == 200
     await traced.flush()
     await receiver.wait_for(lambda s: len(s) == SPANS)
@@ -268,14 +267,15 @@ async def test_endpoint_headers_and_gzip_from_the_environment_reach_the_collecto
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
-    provider = tracer_provider_from_env({
+    tracing = tracing_from_env({
         "OTEL_EXPORTER_OTLP_ENDPOINT": url,  # the traces endpoint wins, used as it is
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}/custom/traces",
         "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s%20cret,tenant=t1",
         "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
-    assert provider is not None
+    assert tracing is not None
+    provider = tracing.sink
     try:
-        await scripted_request(Telemetry(provider=provider))
+        await scripted_request(Telemetry(tracing=tracing))
         assert await asyncio.to_thread(provider.force_flush)
         await asyncio.wait_for(arrived.wait(), 5.0)
         ((headers, body),) = seen
@@ -292,11 +292,11 @@ async def test_endpoint_headers_and_gzip_from_the_environment_reach_the_collecto
 GATEWAY_THAT_DIES = """
 import asyncio, os, sys
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.tracing import tracer_provider_from_env
+from gateway.telemetry.tracing import tracing_from_env
 from tests.gateway.telemetry.scripted_request import scripted_request
-provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]})
-pipe = provider._active_span_processor._span_processors[0]
-asyncio.run(scripted_request(Telemetry(provider=provider)))
+tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]})
+pipe = tracing.sink
+asyncio.run(scripted_request(Telemetry(tracing=tracing)))
 pipe.hand_off()  # handed to the exporter process, which waits for a full batch or 5 s
 os._exit(0)  # no shutdown, no flush: the exporter sees end of file
 """
@@ -318,10 +318,11 @@ async def test_a_value_that_cannot_be_sent_costs_its_spans_not_the_request(
 ) -> None:
     receiver, _ = otlp_receiver
     telemetry, pipe, provider = piped(receiver_url, handoff_s=3600.0)
-    tel = telemetry.begin(request_id="r", method="POST", path="/v1/chat/completions",
-                          headers={})
-    tel.trace.set({"not.plain": lambda: None})
-    tel.finish(200)
+    record = telemetry.begin(request_id="r", method="POST", path="/v1/chat/completions",
+                             headers={})
+    record.response_model = lambda: None  # type: ignore[assignment]  # not a plain value
+    record.status = 200
+    telemetry.finish(record)
     assert pipe.dropped_spans == 1
     await scripted_request(telemetry)
     assert await asyncio.to_thread(pipe.force_flush)
@@ -360,9 +361,7 @@ async def test_spans_the_collector_refuses_are_counted_as_dropped(
 
 async def test_frames_are_encoded_as_they_arrive_and_posted_a_batch_at_a_time() -> None:
     kept = Kept()
-    provider = TracerProvider(resource=resource_from_env({}, "routegate"))
-    provider.add_span_processor(kept)
-    telemetry = Telemetry(provider=provider)
+    telemetry = Telemetry(tracing=Tracing(Sampling(sampler_from_env({})), kept))
     for _ in range(7):
         await scripted_request(telemetry)
     posted: list[ExportTraceServiceRequest] = []
@@ -376,8 +375,8 @@ async def test_frames_are_encoded_as_they_arrive_and_posted_a_batch_at_a_time() 
                          "schedule_delay_s": 5.0}, post)
     frames = [kept.records[:3], kept.records[3:4], kept.records[4:]]
     for records in frames:  # as SpanPipe frames them: a marshalled list of records
-        exporter.add(marshal.dumps([marshal.dumps(r, MARSHAL_VERSION) for r in records],
-                                   MARSHAL_VERSION))
+        exporter.add(marshal.dumps([marshal.dumps(r.plain(), MARSHAL_VERSION)
+                                    for r in records], MARSHAL_VERSION))
     assert [spans_in(p) for p in posted] == [2 * SPANS, 2 * SPANS, 2 * SPANS]
     assert exporter.pending_spans == SPANS and exporter.due_in() is not None
     exporter.export()  # the last, partial batch

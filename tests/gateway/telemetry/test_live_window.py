@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from gateway.telemetry.live import LiveStats, Sample
+from gateway.telemetry.live import LiveWindow, Sample
 
 
 def sample(at_s: float, n: int) -> Sample:
@@ -16,7 +16,7 @@ def sample(at_s: float, n: int) -> Sample:
 def test_a_full_window_leaves_nothing_for_the_collector() -> None:
     """Samples live for minutes; as objects they would fill the young generation, whose
     collections pause the event loop."""
-    live = LiveStats(max_samples=20_000, clock=lambda: 1000.0)
+    live = LiveWindow(max_samples=20_000, clock=lambda: 1000.0)
     live.record(sample(999.0, 0))
     live.rejected("shed")
     gc.collect()
@@ -35,7 +35,7 @@ def test_a_full_window_leaves_nothing_for_the_collector() -> None:
 
 def test_the_window_keeps_the_newest_samples_within_its_bounds() -> None:
     now = [1000.0]
-    live = LiveStats(window_s=60.0, max_samples=3, clock=lambda: now[0])
+    live = LiveWindow(window_s=60.0, max_samples=3, clock=lambda: now[0])
     for n in range(5):
         live.record(sample(990.0 + n, n))
     assert live.snapshot()["requests"] == 3  # the count bound

@@ -6,10 +6,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.pipeline.timing import TimingSplit
 from gateway.telemetry.metric_series import CounterFamily, GaugeFamily, HistogramFamily
 from gateway.telemetry.metrics import GatewayMetrics, LabelGuard
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.timing import TimingSplit
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request
 
@@ -35,9 +35,9 @@ def families(text: str) -> dict[str, list]:
 async def test_exposition_parses_and_has_every_metric_after_traffic() -> None:
     clock = FakeClock()
     telemetry = Telemetry(clock=clock)
-    tel = await scripted_request(telemetry, clock)
-    tel.rejected("rate_limit", limit="rpm")
-    tel.rejected("shed", priority="low")
+    await scripted_request(telemetry, clock)
+    telemetry.metrics.observe_rejection("acme", "rpm")
+    telemetry.metrics.observe_shed("local", "low")
     telemetry.metrics.observe_fallback("chat", "openai", "local")
     body, content_type = telemetry.metrics.render()
     assert content_type.startswith("text/plain")

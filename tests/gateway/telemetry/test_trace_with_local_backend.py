@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.telemetry.inference_time import parse_server_timing
+from gateway.pipeline.inference_time import parse_server_timing
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.ports import free_port

@@ -3,22 +3,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.telemetry.tracing import (
-    TracingConfigError,
-    exporters_from_env,
-    sampler_from_env,
-    tracer_provider_from_env,
-)
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.tracing import Tracing, TracingConfigError, tracing_from_env
+from gateway.telemetry.tracing.setup import exporters_from_env, sampler_from_env
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_grpc
+from tests.gateway.telemetry.scripted_request import scripted_request
+
+ROOT_NAME = "POST /v1/chat/completions"
 
 
-def test_nothing_configured_means_no_provider() -> None:
-    assert tracer_provider_from_env({}) is None
+def test_nothing_configured_means_no_tracing() -> None:
+    assert tracing_from_env({}) is None
 
 
 @pytest.mark.parametrize(
@@ -59,16 +58,16 @@ def test_sampler_follows_otel_traces_sampler() -> None:
         sampler_from_env({"OTEL_TRACES_SAMPLER": "sometimes"})
 
 
-def test_service_name_comes_from_otel_service_name() -> None:
+async def test_service_name_comes_from_otel_service_name() -> None:
     memory = InMemorySpanExporter()
-    provider = tracer_provider_from_env(
+    tracing = tracing_from_env(
         {"OTEL_SERVICE_NAME": "edge", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"},
         exporters=[memory],
     )
-    assert provider is not None
-    trace.get_tracer("t", tracer_provider=provider).start_span("s").end()
-    provider.shutdown()
-    (span,) = memory.get_finished_spans()
+    assert tracing is not None
+    await scripted_request(Telemetry(tracing=tracing))
+    tracing.sink.shutdown()
+    span = next(s for s in memory.get_finished_spans() if s.name == ROOT_NAME)
     assert span.resource.attributes["service.name"] == "edge"
     assert span.resource.attributes["deployment.environment"] == "test"
 
@@ -77,51 +76,42 @@ async def test_spans_reach_a_real_otlp_http_receiver(
     otlp_receiver: tuple[OtlpReceiver, str],
 ) -> None:
     receiver, url = otlp_receiver
-    provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url,
-                                         "OTEL_SERVICE_NAME": "routegate-test"})
-    assert provider is not None
-    trace.get_tracer("t", tracer_provider=provider).start_span("exported").end()
+    tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url,
+                                "OTEL_SERVICE_NAME": "routegate-test"})
+    assert tracing is not None
+    await scripted_request(Telemetry(tracing=tracing))
     # The exporter blocks its thread on the receiver, which runs on this loop.
-    await asyncio.to_thread(provider.force_flush)
-    spans = await receiver.wait_for(lambda s: any(x.name == "exported" for x in s))
+    await asyncio.to_thread(tracing.sink.force_flush)
+    spans = await receiver.wait_for(lambda s: any(x.name == ROOT_NAME for x in s))
     assert spans[0].service == "routegate-test"
-    await asyncio.to_thread(provider.shutdown)
+    await asyncio.to_thread(tracing.sink.shutdown)
 
 
 async def test_spans_reach_a_real_otlp_grpc_receiver() -> None:
     receiver = OtlpReceiver()
     server, url = await start_grpc(receiver)
     try:
-        provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url,
-                                             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-        assert provider is not None
-        trace.get_tracer("t", tracer_provider=provider).start_span("over-grpc").end()
-        await asyncio.to_thread(provider.force_flush)
-        await receiver.wait_for(lambda s: any(x.name == "over-grpc" for x in s))
-        await asyncio.to_thread(provider.shutdown)
+        tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url,
+                                    "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+        assert tracing is not None
+        await scripted_request(Telemetry(tracing=tracing))
+        await asyncio.to_thread(tracing.sink.force_flush)
+        await receiver.wait_for(lambda s: any(x.name == ROOT_NAME for x in s))
+        await asyncio.to_thread(tracing.sink.shutdown)
     finally:
         await server.stop(None)
 
 
-def test_an_unsampled_request_records_nothing_but_still_propagates_its_trace() -> None:
-    from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+async def test_an_unsampled_request_records_nothing_but_still_propagates_its_trace() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-    from gateway.telemetry.spans import RequestTrace, tracer_of
-
     memory = InMemorySpanExporter()
-    provider = SdkProvider(sampler=ALWAYS_OFF)
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    request = RequestTrace(tracer_of(provider), name="POST /v1/chat/completions", headers={})
-    with request.step("routegate.auth"):
-        pass
-    upstream = request.start_upstream("chat m")
+    tracing = Tracing.to_processors([SimpleSpanProcessor(memory)], sampler=ALWAYS_OFF)
     headers: dict[str, str] = {}
-    request.inject(upstream, headers)
-    upstream.end()
-    request.end(200)
+    record = await scripted_request(Telemetry(tracing=tracing), injected=headers)
     assert memory.get_finished_spans() == ()
+    assert record.steps == []  # nothing kept for spans nobody exports
     _, trace_id, _, flags = headers["traceparent"].split("-")
-    assert trace_id == request.trace_id
+    assert trace_id == record.trace_id
     assert int(flags, 16) & 1 == 0  # "not sampled": the backend must not record it either

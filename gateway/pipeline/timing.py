@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.telemetry.inference_time import UNKNOWN, InferenceReport
+from gateway.pipeline.inference_time import UNKNOWN, InferenceReport
 
 Clock = Callable[[], float]  # monotonic seconds
 
@@ -148,7 +148,6 @@ class RequestTimings:
         self._last_token_s = now
         self.tokens_relayed += count
 
-    # the pipeline's original ServerTiming interface ------------------------
     def add_wait(self, name: str, seconds: float) -> None:
         """Time spent waiting outside the gateway's control (`queue`, …); not gateway time."""
         self._final = None
@@ -157,18 +156,8 @@ class RequestTimings:
         else:
             self.waits_s[name] = self.waits_s.get(name, 0.0) + seconds
 
-    def add_metric(self, name: str, ms: float) -> None:
-        """A figure reported by someone else; `inference` feeds the inference report."""
-        if name == "inference":
-            self.report(InferenceReport(inference_ms=ms, source="reported"))
-
-    def upstream_responded(self) -> None:
-        self.upstream_first_byte()
-
-    def upstream_finished(self) -> None:
-        self.upstream_ended()
-
-    def header(self) -> str:
+    def server_timing(self) -> str:
+        """The `Server-Timing` header value as of now."""
         return self.split().server_timing()
 
     def report(self, report: InferenceReport) -> None:

@@ -17,13 +17,10 @@ common/v1/common.proto.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from gateway.telemetry.span_records import Record, expanded
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
+from gateway.telemetry.tracing.span_build import SpanData
 
 _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
@@ -77,14 +74,6 @@ def _any_value(value: Any) -> bytes:
     return b""  # None, or a type OTLP cannot carry: an empty AnyValue
 
 
-def _payload(field: bytes) -> bytes:
-    """The payload of one length-delimited field (tag of one byte)."""
-    position = 1
-    while field[position] & 0x80:
-        position += 1
-    return field[position + 1:]
-
-
 def _flags(remote: bool) -> int:
     """SpanFlags: whether the parent (or a link's span) is remote, and that this is known."""
     return _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if remote else 0)
@@ -94,8 +83,27 @@ def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
 
 
+class Resource:
+    """The gateway's resource, as the encoder reads it (identity-hashed: one per process)."""
+
+    __slots__ = ("attributes", "schema_url")
+
+    def __init__(self, attributes: dict[str, Any], schema_url: str = "") -> None:
+        self.attributes, self.schema_url = attributes, schema_url
+
+
+class Scope:
+    """An instrumentation scope, as the encoder reads it."""
+
+    __slots__ = ("attributes", "name", "schema_url", "version")
+
+    def __init__(self, name: str, version: str | None, schema_url: str | None) -> None:
+        self.name, self.version, self.schema_url = name, version, schema_url
+        self.attributes: dict[str, Any] | None = None
+
+
 class EncodedBatch:
-    """Spans encoded so far for one export request, by scope (`OtlpEncoder.add_record`)."""
+    """Spans encoded so far for one export request, by scope (`OtlpEncoder.add_spans`)."""
 
     __slots__ = ("by_scope", "spans")
 
@@ -117,48 +125,20 @@ class OtlpEncoder:
         self._resources: dict[Any, bytes] = {}
         self._scopes: dict[Any, bytes] = {}
 
-    def request(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """ExportTraceServiceRequest bytes: spans grouped by resource, then scope. An item
-        may be one request's spans as a list (they share one resource and scope)."""
-        groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-        span_field = self._span_field
-        for item in spans:
-            group = item if type(item) is list else (item,)
-            first = group[0]
-            resource, scope = first.resource, first.instrumentation_scope
-            by_scope = groups.setdefault(id(resource), (resource, {}))[1]
-            encoded = by_scope.setdefault(id(scope), (scope, []))[1]
-            for span in group:
-                encoded.append(span_field(span))
-        return b"".join(self._resource_spans(resource, by_scope.values())
-                        for resource, by_scope in groups.values())
-
-    def add_record(self, batch: EncodedBatch, record: Record,
-                   scope_of: Callable[[Any], Any], new_span_id: Callable[[], int]) -> None:
-        """Encode one record's spans (`span_records.py`) into `batch`. `scope_of` turns
-        its scope key into a scope, `new_span_id` makes the ids a record leaves to the
-        exporter (0). `request_of` then gives the same bytes as `request` of the spans
-        `span_records.SpansOf` makes of the same records with the same ids (facts made
-        into attributes the same way, `span_records.expanded`)."""
-        scope_key, trace_id, state, root, children = expanded(record)
-        by_scope = batch.by_scope
-        entry = by_scope.get(scope_key)
+    def add_spans(self, batch: EncodedBatch, trace_id: int,
+                  trace_state: Mapping[str, str] | None, spans: Sequence[SpanData],
+                  scope: Scope) -> None:
+        """Encode one request's spans (`span_build.spans_of`) into `batch`."""
+        entry = batch.by_scope.get(scope)
         if entry is None:
-            entry = by_scope[scope_key] = (scope_of(scope_key), [])
-        encoded = entry[1]
-        fields = self._fields
-        root_id = root[0] or new_span_id()
-        for (span_id, name, kind, start, end, attributes, events, code,
-             description) in children:
-            encoded.append(fields(trace_id, span_id or new_span_id(), state, root_id,
-                                  False, name, kind, start, end, attributes, 0, events,
-                                  (), code, description))
-        (_, parent_id, remote, name, kind, start, end, attributes, events, code,
-         description, links, dropped) = root
-        encoded.append(fields(trace_id, root_id, state, parent_id, remote, name, kind,
-                              start, end, attributes, dropped, events, links, code,
-                              description))
-        batch.spans += 1 + len(children)
+            entry = batch.by_scope[scope] = (scope, [])
+        encoded, fields = entry[1], self._fields
+        for span in spans:
+            encoded.append(fields(trace_id, span.span_id, trace_state, span.parent_id,
+                                  span.parent_remote, span.name, span.kind, span.start_ns,
+                                  span.end_ns, span.attributes, 0, span.events, (),
+                                  span.code, span.description))
+        batch.spans += len(spans)
 
     def request_of(self, batch: EncodedBatch, resource: Any) -> bytes:
         """The ExportTraceServiceRequest bytes of what `batch` holds."""
@@ -176,26 +156,6 @@ class OtlpEncoder:
         body = self._resource(resource) + scope_spans + (
             _field(b"\x1a", schema.encode()) if schema else b"")
         return _field(b"\x0a", body)
-
-    def span(self, span: ReadableSpan) -> bytes:
-        """One Span message's bytes."""
-        return _payload(self._span_field(span))
-
-    def _span_field(self, span: ReadableSpan) -> bytes:
-        context = span.get_span_context()
-        assert context is not None  # an SDK span always has one
-        parent = span.parent
-        status = span.status
-        return self._fields(
-            context.trace_id, context.span_id, context.trace_state,
-            parent.span_id if parent is not None else 0,
-            parent is not None and parent.is_remote, span.name, span.kind.value,
-            span.start_time or 0, span.end_time or 0, span.attributes,
-            span.dropped_attributes,
-            [(e.name, e.timestamp, e.attributes) for e in span.events] if span.events else (),
-            [(k.context.trace_id, k.context.span_id, k.context.is_remote, k.attributes)
-             for k in span.links] if span.links else (),
-            status.status_code.value, status.description)
 
     def _fields(self, trace_id: int, span_id: int, trace_state: Mapping[str, str] | None,
                 parent_id: int, parent_remote: bool, name: str, kind: int, start: int,

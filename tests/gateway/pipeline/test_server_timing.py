@@ -6,7 +6,8 @@ import re
 
 import aiohttp
 
-from gateway.server_timing import ServerTiming
+from gateway.pipeline.inference_time import InferenceReport
+from gateway.pipeline.timing import RequestTimings
 from tests.conftest import RunningGateway
 
 ENTRY = re.compile(r"^([a-z-]+);dur=(\d+\.\d{3})$")
@@ -42,9 +43,9 @@ async def test_an_error_reply_carries_server_timing_too(gateway: RunningGateway)
 
 
 def test_waits_are_not_counted_as_gateway_time() -> None:
-    timing = ServerTiming(start=0.0)
+    timing = RequestTimings(start=0.0)
     timing.add_wait("queue", 10.0)
-    timing.add_metric("inference", 5.0)
-    entries = _entries(timing.header())
+    timing.report(InferenceReport(inference_ms=5.0, source="reported"))
+    entries = _entries(timing.server_timing())
     assert entries["queue"] == 10_000.0 and entries["inference"] == 5.0
     assert abs(entries["gw"] - (entries["total"] - 10_000.0)) < 0.01

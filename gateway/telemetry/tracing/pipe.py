@@ -1,20 +1,20 @@
-"""`SpanPipe`: the span processor that hands finished spans to the exporter process.
+"""`SpanPipe`: the sink that hands finished request records to the exporter process.
 
-The request path marshals one record per traced request (`record_span.py`) into a
-bounded deque: marshalled at once, the request's span objects are freed with it
+The request path marshals each sampled request's record (`RequestRecord.plain()`)
+into a bounded deque: marshalled at once, the record's objects are freed with it
 instead of living on until the hand-off (which costs the garbage collector more than
-the marshalling; `marshal` writes the records' plain values faster than `pickle`, and
-both ends run the same interpreter). A hand-off thread wakes every `handoff_s`
-(≤ 0.2 s), or as soon as `HANDOFF_RECORDS` requests are waiting, joins what is there
-into one frame and writes it to a non-blocking Unix socket whose other end is the
-exporter process (`export_process.py`), which encodes and POSTs. Nothing here ever waits on the
-exporter: a full deque, a full socket or a dead exporter drops the spans and
-counts them (`dropped_spans`, and a log line), as the SDK's batch processor drops
-rather than blocks; the exporter process reports back the spans it could not
-export (refused by the collector, or not sent within the timeout), and they are
-counted the same way. The limits are the SDK's (`OTEL_BSP_MAX_QUEUE_SIZE`, in
-spans, here divided by the spans of a request) plus the socket's buffer and at
-most one partly written frame.
+the marshalling; `marshal` writes plain values faster than `pickle`, and both ends
+run the same interpreter). The exporter process builds the spans. A hand-off thread
+wakes every `handoff_s` (≤ 0.2 s), or as soon as `HANDOFF_RECORDS` requests are
+waiting, joins what is there into one frame and writes it to a non-blocking Unix
+socket whose other end is the exporter process (`export_process.py`), which encodes
+and POSTs. Nothing here ever waits on the exporter: a full deque, a full socket or a
+dead exporter drops the spans and counts them (`dropped_spans`, and a log line), as
+the SDK's batch processor drops rather than blocks; the exporter process reports
+back the spans it could not export (refused by the collector, or not sent within the
+timeout), and they are counted the same way. The limits are the SDK's
+(`OTEL_BSP_MAX_QUEUE_SIZE`, in spans, here divided by the spans of a request) plus
+the socket's buffer and at most one partly written frame.
 
 The exporter process starts with the first hand-off (shutdown's too), and again
 `restart_after_s` after it died (not during shutdown). `force_flush` hands off what
@@ -38,12 +38,8 @@ from collections import deque
 from itertools import count
 from typing import Any
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-
-from gateway.telemetry.light_span import SPANS_PER_REQUEST
-from gateway.telemetry.otlp_post import ExportConfig
-from gateway.telemetry.span_frames import (
+from gateway.pipeline.record import RequestRecord
+from gateway.telemetry.tracing.frames import (
     ACK,
     CONFIG,
     DROPPED,
@@ -54,7 +50,7 @@ from gateway.telemetry.span_frames import (
     TOKEN,
     frame,
 )
-from gateway.telemetry.span_records import CHILDREN, Record, record_of
+from gateway.telemetry.tracing.otlp_post import ExportConfig
 
 log = logging.getLogger("routegate.tracing")
 
@@ -65,13 +61,14 @@ HANDOFF_S = 0.2  # the longest a finished request's spans wait in the gateway pr
 HANDOFF_RECORDS = 32
 SOCKET_BUFFER_BYTES = 4 << 20  # what the exporter may fall behind by before drops
 RESTART_AFTER_S = 5.0
+# What a queue bound in spans (`OTEL_BSP_MAX_QUEUE_SIZE`) is in records: a request's
+# root, auth, rate limit, route, queue wait and upstream attempt.
+SPANS_PER_REQUEST = 6
 STOP_TIMEOUT_S = 5.0
 
 
-class SpanPipe(SpanProcessor):
-    """The one span processor of a provider exporting OTLP/HTTP from its own process."""
-
-    takes_records = True  # `RecordSpans.for_tracer` looks for this
+class SpanPipe:
+    """The sink of a gateway exporting OTLP/HTTP from its own process."""
 
     def __init__(self, export: ExportConfig, *, resource: dict[str, Any],
                  schema_url: str = "", max_queue_spans: int = 8192,
@@ -90,7 +87,8 @@ class SpanPipe(SpanProcessor):
                                            handoff_records))
         self._handoff_s = min(handoff_s, schedule_delay_s)
         self._buffer_bytes, self._restart_after_s = buffer_bytes, restart_after_s
-        self._command = command or [sys.executable, "-m", "gateway.telemetry.export_process"]
+        self._command = command or [sys.executable, "-m",
+                                    "gateway.telemetry.tracing.export_process"]
         self.process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._down_since = -float("inf")  # when the exporter process was last lost
@@ -113,16 +111,16 @@ class SpanPipe(SpanProcessor):
         self._thread.start()
 
     # the request path (event loop) ------------------------------------------
-    def append(self, record: Record) -> None:
-        """One finished request's spans. Never waits."""
+    def export(self, record: RequestRecord) -> None:
+        """One sampled, finished request. Never waits."""
         queue = self._queue
-        spans = 1 + len(record[CHILDREN])
+        spans = 1 + len(record.steps) + len(record.attempts)
         if len(queue) >= self._max_records:
             self._dropped_queued += spans
             self._warn("the queue is full")
             return
         try:
-            data = marshal.dumps(record, MARSHAL_VERSION)
+            data = marshal.dumps(record.plain(), MARSHAL_VERSION)
         except (ValueError, TypeError, RecursionError):
             # an attribute value that is not a plain value: a bug of the caller's, which
             # costs its spans, never the request
@@ -132,15 +130,6 @@ class SpanPipe(SpanProcessor):
         queue.append((spans, data))
         if len(queue) == self._handoff_records:
             self._wake.set()
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        return None
-
-    def on_end(self, span: ReadableSpan) -> None:
-        """A span from the SDK's own path (another tracer on this provider)."""
-        scope = span.instrumentation_scope
-        key = (scope.name, scope.version, scope.schema_url) if scope else ("", None, None)
-        self.append(record_of(span, key))
 
     # the hand-off thread ----------------------------------------------------
     def _run(self) -> None:

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.telemetry.inference_time import InferenceReport, parse_server_timing
-from gateway.telemetry.timing import RequestTimings
+from gateway.pipeline.inference_time import InferenceReport, parse_server_timing
+from gateway.pipeline.timing import RequestTimings
 from tests.gateway.telemetry.fake_clock import FakeClock
 
 
@@ -130,7 +130,7 @@ def test_named_waits_reported_by_plug_ins_are_not_gateway_time() -> None:
     t.add_wait("queue", 0.030)
     t.add_wait("admission", 0.010)
     t.finish()
-    figures = parse_server_timing(t.header())
+    figures = parse_server_timing(t.server_timing())
     assert figures["queue"] == 30 and figures["admission"] == 10
     assert figures["gw"] == 10
 
@@ -142,6 +142,6 @@ def test_an_unclosed_failed_attempt_is_still_upstream_time() -> None:
     clock.advance_ms(30)  # connection refused; the pipeline moves on without closing
     t.upstream_started()
     clock.advance_ms(20)
-    t.upstream_finished()
+    t.upstream_ended()
     t.finish()
     assert t.split().upstream_ms == 50

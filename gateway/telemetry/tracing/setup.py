@@ -1,8 +1,7 @@
-"""Tracer provider setup from the standard `OTEL_*` environment variables.
+"""The gateway's traces from the standard `OTEL_*` environment variables.
 
-Only the entry point (`routegate serve`) calls this; library modules take a
-provider (or the no-op one) and call `trace.get_tracer(...)` on it. Nothing is
-set globally, so tests can build as many providers as they like side by side.
+Only the entry point (`routegate serve`) calls this. Nothing is set globally, so
+tests can build as many `Tracing`s as they like side by side.
 
 Recognised variables (https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/):
 
@@ -17,32 +16,32 @@ Recognised variables (https://opentelemetry.io/docs/specs/otel/configuration/sdk
   `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`, `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY`.
 - `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`.
 
-With OTLP over HTTP as the only exporter (the usual production setting) spans are
-encoded and sent by a separate exporter process (`span_pipe.py`); the request path
-only records them. `ROUTEGATE_TRACE_EXPORT=thread` keeps the SDK's batch thread in
-the gateway process instead; gRPC, console and several exporters always use it.
+Either way a request's spans are built from its finished record
+(`span_build.py`). With OTLP over HTTP as the only exporter (the usual production
+setting) the records go to a separate exporter process (`pipe.py`), which builds,
+encodes and sends the spans; gRPC, console and several exporters get them through
+one adapter into the SDK's stock `BatchSpanProcessor` (`sdk_sink.py`).
 
-When neither an exporter nor an OTLP endpoint is named, tracing stays off and the
-gateway uses the API's no-op provider: spans cost a few attribute look-ups.
+When neither an exporter nor an OTLP endpoint is named, tracing stays off.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpExporter,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SpanExporter,
-    SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -52,9 +51,11 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from gateway.telemetry.otlp_encode import OtlpEncoder
-from gateway.telemetry.otlp_post import ExportConfig
-from gateway.telemetry.span_pipe import SpanPipe
+from gateway.pipeline.record import RequestRecord
+from gateway.telemetry.tracing.otlp_post import ExportConfig
+from gateway.telemetry.tracing.pipe import SpanPipe
+from gateway.telemetry.tracing.sdk_sink import ProcessorSink
+from gateway.telemetry.tracing.trace_context import Sampling
 
 log = logging.getLogger("routegate.tracing")
 
@@ -129,38 +130,10 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     if protocol in ("http/protobuf", "http"):
         # The signal-specific endpoint is used as-is; the base one gets the signal path.
         endpoint = traces_endpoint or f"{(base_endpoint or _HTTP_DEFAULT).rstrip('/')}/v1/traces"
-        return FastOtlpHttpExporter(endpoint=endpoint, headers=headers or None,
-                                    timeout=timeout_s)
+        return HttpExporter(endpoint=endpoint, headers=headers or None, timeout=timeout_s)
     raise TracingConfigError(
         f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc"
     )
-
-
-class FastOtlpHttpExporter(HttpExporter):
-    """The SDK's OTLP/HTTP exporter (endpoint, headers, compression, TLS, retries all its
-    own) with the request bytes written by `OtlpEncoder`: ~10 instead of ~27 µs a span.
-    An SDK without the HTTP client this relies on gets its own encoder back."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._encoder = OtlpEncoder()
-
-    @property
-    def takes_light_spans(self) -> bool:
-        """`export` may be given finished `LightSpan`s (read by attribute, like a
-        `ReadableSpan`): it encodes them itself whenever the SDK's client is there."""
-        return getattr(self, "_client", None) is not None
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        client = getattr(self, "_client", None)
-        if client is None or getattr(self, "_shutdown", False):
-            return super().export(spans)
-        data = self._encoder.request(spans)
-        if len(data) > getattr(self, "_max_request_size", len(data)):
-            log.warning("dropping a span batch of %d bytes: over the exporter's limit", len(data))
-            return SpanExportResult.FAILURE
-        result = client.export(data)
-        return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -173,9 +146,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def export_process_config(env: Mapping[str, str]) -> ExportConfig | None:
     """Where the exporter process sends spans, when the environment asks for OTLP/HTTP
-    and nothing else (and `ROUTEGATE_TRACE_EXPORT` is not `thread`); else None."""
-    if (env.get("ROUTEGATE_TRACE_EXPORT") or "").strip().lower() == "thread":
-        return None
+    and nothing else; else None."""
     protocol = _get(env, "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
     if _exporter_names(env) != ["otlp"] or protocol not in ("http/protobuf", "http"):
         return None
@@ -226,64 +197,79 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
     return exporters
 
 
-class _HashedResource(Resource):
-    """A `Resource` that hashes once. The OTLP encoder groups every exported span by its
-    resource, and `Resource.__hash__` serialises all the attributes to JSON each time
-    (~4 µs a span, on the same core as the requests). Resources are immutable."""
-
-    def __init__(self, attributes: dict[str, str], schema_url: str | None = None) -> None:
-        super().__init__(attributes, schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return super().__eq__(other)
-
-
 def resource_from_env(env: Mapping[str, str], default_service: str) -> Resource:
     attributes: dict[str, str] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"))
     service = (env.get("OTEL_SERVICE_NAME") or "").strip()
     attributes["service.name"] = service or attributes.get("service.name") or default_service
     # Resource() rather than Resource.create(): create() reads os.environ itself.
-    return _HashedResource(attributes)
+    return Resource(attributes)
 
 
-def tracer_provider_from_env(
+class SpanSink(Protocol):
+    """Where sampled, finished request records go to become exported spans."""
+
+    def export(self, record: RequestRecord) -> None:
+        """Never waits: a sink that cannot keep up drops, and counts what it dropped."""
+        ...
+
+    @property
+    def dropped_spans(self) -> int: ...
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """How requests are sampled, and where their records go."""
+
+    sampling: Sampling
+    sink: SpanSink
+
+    @classmethod
+    def to_processors(cls, processors: Sequence[SpanProcessor], *,
+                      sampler: Sampler | None = None, resource: Resource | None = None,
+                      ) -> Tracing:
+        """Spans into the SDK's own processors (tests: an in-memory exporter's)."""
+        return cls(Sampling(sampler or ParentBased(ALWAYS_ON)),
+                   ProcessorSink(processors, resource or Resource({
+                       "service.name": DEFAULT_SERVICE_NAME})))
+
+
+def tracing_from_env(
     env: Mapping[str, str],
     *,
     service_name: str = DEFAULT_SERVICE_NAME,
     exporters: list[SpanExporter] | None = None,
-) -> TracerProvider | None:
-    """A provider exporting in batches off the request path, or None when tracing is off.
-
-    `exporters` replaces the ones the environment names (tests pass an in-memory one).
-    The caller owns the provider and calls `shutdown()` to flush at exit.
+) -> Tracing | None:
+    """The traces the environment asks for, exported in batches off the request path;
+    None when tracing is off. `exporters` replaces the ones the environment names
+    (tests pass an in-memory one). The caller calls `sink.shutdown()` to flush at exit.
     """
-    chosen = exporters if exporters is not None else exporters_from_env(env)
-    if not chosen:
+    if exporters is None and not _exporter_names(env):
+        return None
+    if exporters is not None and not exporters:
         return None
     resource = resource_from_env(env, service_name)
-    provider = TracerProvider(sampler=sampler_from_env(env), resource=resource)
+    sampling = Sampling(sampler_from_env(env))
     export = export_process_config(env) if exporters is None else None
     if export is not None:
         queue_spans, batch_spans, delay_ms = (
             _int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS),
             _int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_EXPORT_BATCH_SPANS),
             _int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
-        provider.add_span_processor(SpanPipe(
+        return Tracing(sampling, SpanPipe(
             export, resource=dict(resource.attributes), schema_url=resource.schema_url,
             max_queue_spans=queue_spans, max_batch_spans=min(batch_spans, queue_spans),
             schedule_delay_s=delay_ms / 1000.0))
-        return provider
+    chosen = exporters if exporters is not None else exporters_from_env(env)
     # Larger batches than the SDK's 512 unless `OTEL_BSP_*` say otherwise: each export
-    # costs a fixed share of CPU however few spans it carries (HTTP request, connection, netrc
-    # lookup), on the core that serves requests. A busy gateway fills a batch in well
-    # under the schedule delay, so this changes how often it exports, not how late.
+    # costs a fixed share of CPU however few spans it carries (HTTP request, connection),
+    # on the core that serves requests. A busy gateway fills a batch in well under the
+    # schedule delay, so this changes how often it exports, not how late.
     batch = None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else DEFAULT_EXPORT_BATCH_SPANS
     queue = None if "OTEL_BSP_MAX_QUEUE_SIZE" in env else DEFAULT_QUEUE_SPANS
-    for exporter in chosen:
-        provider.add_span_processor(BatchSpanProcessor(
-            exporter, max_queue_size=queue, max_export_batch_size=batch))
-    return provider
+    return Tracing(sampling, ProcessorSink(
+        [BatchSpanProcessor(exporter, max_queue_size=queue, max_export_batch_size=batch)
+         for exporter in chosen], resource))

@@ -18,9 +18,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.context import Dialect, RequestContext
 from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
+from gateway.pipeline.context import Dialect, RequestContext
 from gateway.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
 from gateway.upstream.http1 import BodyTooLarge
 from gateway.upstream.openai import (
@@ -61,7 +61,7 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
             f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
     finally:
         response.release()
-    ctx.timing.upstream_finished()
+    ctx.timing.upstream_ended()
     status = response.status
     if 300 <= status < 400:  # a misconfigured `url:` (http → https, a moved API)
         raise UpstreamFailure(UpstreamError(
@@ -97,7 +97,8 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
                 status=status)
         usage = reply.get("usage")
         ctx.usage = usage if isinstance(usage, dict) else None
-        ctx.telemetry.response_json(reply)
+        if ctx.facts is not None:
+            ctx.facts.reply(reply)
     elif status < 300:
         ctx.usage = usage_of(data)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
@@ -112,7 +113,9 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
     name = ctx.target.backend_name if ctx.target else "?"
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage,
                      max_event_bytes=ctx.policy.file.server.max_event_bytes)
-    ctx.state["sse_relay"] = relay  # settlement counts what a cut-short stream produced
+    ctx.sse_relay = relay  # settlement counts what a cut-short stream produced
+    facts = ctx.facts
+    assert facts is not None, "an attempt relays its own stream"
     content = response.content
     finished = False
     try:
@@ -132,13 +135,13 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                 f"Backend '{name}' closed the stream without sending an event."))
         client = web.StreamResponse(status=200, headers={
             **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
-            "Server-Timing": ctx.timing.header()})
+            "Server-Timing": ctx.timing.server_timing()})
         await client.prepare(ctx.request)
         write, write_last = stream_writers(client, ctx.endpoint.dialect, ctx.cache_capture)
         ctx.bytes_sent = True
         ctx.status = 200
         try:
-            ctx.telemetry.relayed(out)
+            facts.relayed(out)
             await write(out)
             failure: UpstreamError | UpstreamTimeout | None = None
             try:
@@ -147,12 +150,12 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                 while data := await content.readany():
                     out = relay.feed(data)
                     if out:
-                        ctx.telemetry.relayed(out)
+                        facts.relayed(out)
                         await write(out)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 failure = _failed(exc)(f"Backend '{name}' failed mid-stream: {exc!r}.")
             except MalformedEvent as exc:
-                ctx.telemetry.relayed(exc.forward)
+                facts.relayed(exc.forward)
                 await write(exc.forward)
                 failure = UpstreamError(_malformed(name, exc))
             else:
@@ -169,11 +172,11 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             if failure is not None:
                 relay.drop_partial()
                 ctx.error, last_event = failure, error_event(failure.body())
-            ctx.telemetry.relayed(last_event)
+            facts.relayed(last_event)
             ctx.usage = relay.usage
-            ctx.telemetry.final_chunk(relay.usage_chunk)
-            ctx.timing.upstream_finished()
-            tail = last_event + comment("server-timing " + ctx.timing.header())
+            facts.body(relay.usage_chunk)
+            ctx.timing.upstream_ended()
+            tail = last_event + comment("server-timing " + ctx.timing.server_timing())
             # the last bytes and the chunked terminator leave in one transport write
             await write_last(tail + DONE_EVENT if relay.done and failure is None else tail)
         except ConnectionResetError:  # the client went away between two writes

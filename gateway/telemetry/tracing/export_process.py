@@ -1,17 +1,16 @@
-"""The trace exporter process: span records in from the gateway, OTLP/HTTP out.
+"""The trace exporter process: request records in from the gateway, OTLP/HTTP out.
 
-    python -m gateway.telemetry.export_process FD
+    python -m gateway.telemetry.tracing.export_process FD
 
 FD is this end of a Unix stream socket the gateway (`SpanPipe`) holds the other
-end of; `span_frames.py` says what travels on it.
+end of; `frames.py` says what travels on it.
 
-Each frame's records are encoded as it arrives (`OtlpEncoder`, the same bytes as
-the in-process exporter) into the batch being filled, which is POSTed (`OtlpPoster`)
-when full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`) or when its oldest span has waited
-`OTEL_BSP_SCHEDULE_DELAY`. While a POST blocks, the gateway's writes fill the socket
-and it drops, never waits. End of file (the gateway exited, or shut down) exports
-what is left and exits.
-"""
+Each frame's records become spans (`span_build.py`, as in the gateway for any other
+exporter) and are encoded as the frame arrives (`OtlpEncoder`) into the batch being
+filled, which is POSTed (`OtlpPoster`) when full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`)
+or when its oldest span has waited `OTEL_BSP_SCHEDULE_DELAY`. While a POST blocks,
+the gateway's writes fill the socket and it drops, never waits. End of file (the
+gateway exited, or shut down) exports what is left and exits."""
 
 from __future__ import annotations
 
@@ -19,16 +18,14 @@ import logging
 import marshal
 import os
 import pickle
-import random
 import signal
 import socket
 import sys
 import time
 from typing import Any
 
-from gateway.telemetry.otlp_encode import EncodedBatch, OtlpEncoder
-from gateway.telemetry.otlp_post import ExportConfig, OtlpPoster
-from gateway.telemetry.span_frames import (
+from gateway.pipeline.record import RequestRecord
+from gateway.telemetry.tracing.frames import (
     ACK,
     CONFIG,
     DROPPED,
@@ -40,17 +37,14 @@ from gateway.telemetry.span_frames import (
     FrameReader,
     frame,
 )
-from gateway.telemetry.span_records import CHILDREN, Resource, Scope
+from gateway.telemetry.tracing.otlp_encode import EncodedBatch, OtlpEncoder, Resource, Scope
+from gateway.telemetry.tracing.otlp_post import ExportConfig, OtlpPoster
+from gateway.telemetry.tracing.span_build import SCOPE_NAME, spans_of
+from gateway.telemetry.tracing.trace_context import new_span_id
 
 log = logging.getLogger("routegate.tracing.export")
 
 EXPORTER_NICE = 10  # CPU priority below the gateway's (the Unix nice increment)
-
-def _new_span_id() -> int:
-    while True:
-        span_id = random.getrandbits(64)
-        if span_id:
-            return span_id
 
 
 class Exporter:
@@ -65,7 +59,7 @@ class Exporter:
         export = ExportConfig(**config["export"])
         self._post = post or OtlpPoster(export).post
         self._resource = Resource(config["resource"], config.get("schema_url") or "")
-        self._scopes: dict[tuple[Any, ...], Scope] = {}
+        self._scope = Scope(SCOPE_NAME, None, None)
         self._encoder = OtlpEncoder()
         self._batch = max(1, int(config["max_batch_spans"]))
         self.delay_s = float(config["schedule_delay_s"])
@@ -83,23 +77,20 @@ class Exporter:
         # the frame: a marshalled list of marshalled records (`marshal.load` from a
         # stream reads a few bytes at a time, ~25x slower than `loads` of a record)
         for data in marshal.loads(payload):
-            record = marshal.loads(data)
-            if self._open.spans and self._open.spans + 1 + len(record[CHILDREN]) > self._batch:
+            record = RequestRecord.from_plain(marshal.loads(data))
+            spans = spans_of(record, new_span_id)
+            if self._open.spans and self._open.spans + len(spans) > self._batch:
                 self.export()  # full: this record opens the next batch
                 self.oldest = time.monotonic()
-            self._encoder.add_record(self._open, record, self._scope, _new_span_id)
+            assert record.trace is not None
+            self._encoder.add_spans(self._open, record.trace.trace_id,
+                                    dict(record.trace.trace_state) or None, spans, self._scope)
         if self._open.spans >= self._batch:
             self.export()
 
     def due_in(self) -> float | None:
         """Seconds until the pending spans are due; None when nothing waits."""
         return self.oldest + self.delay_s - time.monotonic() if self._open.spans else None
-
-    def _scope(self, key: tuple[Any, ...]) -> Scope:
-        scope = self._scopes.get(key)
-        if scope is None:
-            scope = self._scopes[key] = Scope(*key)
-        return scope
 
     def export(self) -> None:
         """The batch being filled, as one request (at most a batch of spans)."""

@@ -11,8 +11,11 @@ from aiohttp import web
 from gateway.auth import Identity
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
-from gateway.server_timing import ServerTiming
-from gateway.telemetry.request import RequestTelemetry
+from gateway.limits.limiter import Ticket
+from gateway.pipeline.attempt_facts import AttemptFacts
+from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.timing import RequestTimings
+from gateway.sse import SseRelay
 from gateway.upstream.openai import Incapable
 from policies.load import ModelTarget, Policy
 
@@ -70,9 +73,9 @@ class RequestContext:
     request: web.Request
     endpoint: Endpoint
     policy: Policy  # the policy this request started under; a reload does not change it
-    timing: ServerTiming
+    timing: RequestTimings
     request_id: str
-    telemetry: RequestTelemetry  # spans, metrics and the access log of this request
+    record: RequestRecord  # what this request did, for every report on it
     identity: Identity | None = None
     raw: bytes = b""  # the body exactly as the client sent it
     body: Body = field(default_factory=dict)  # parsed once; treat as read-only
@@ -89,13 +92,21 @@ class RequestContext:
     status: int | None = None  # status sent to the client (499: the client went away)
     error: GatewayError | None = None  # what the client was told, if it failed
     bytes_sent: bool = False  # once True a failure can only end the stream
-    cost_micros: int | None = None  # what settlement charged, in µUSD
-    # the response cache: its plan for this request (None: the route has no cache), its
-    # answer (hit | miss | bypass), and a streamed answer's events as relayed, to keep
+    facts: AttemptFacts | None = None  # the writer of the current attempt's facts
+    # the response cache: its plan for this request (None: the route has no cache) and
+    # a streamed answer's events as relayed, to keep (its answer: `record.cache`)
     cache_plan: Any = None
-    cache: str | None = None
     cache_capture: list[bytes] | None = None
-    state: dict[str, Any] = field(default_factory=dict)  # scratch space for plug-ins
+    # admission: the limiter's ticket (reservation, response headers), the input-token
+    # estimate it reserved with, and what the tenant may still spend (None: no budget)
+    ticket: Ticket | None = None
+    estimated_input_tokens: int = 0
+    budget_left_micros: int | None = None
+    # routing: a dedicated target's amortised price (µUSD per token, i.e. USD per
+    # million tokens), what settlement charges; when the current attempt got its slot
+    amortised_usd_per_mtok: float | None = None
+    attempt_started_s: float | None = None  # on the request's timing clock
+    sse_relay: SseRelay | None = None  # a streamed response's relay (what it produced)
     # Headers plug-ins give every response of this request from the moment they are set
     # (rate-limit state, the routing decision): on the relayed response, and on an error
     # through `GatewayError.headers` (its own values win, e.g. a 429's).

@@ -15,7 +15,8 @@
                     past a backend whose API cannot express the request (a 400 if none can)
     settle          hooks.admission.settle      (always, once admitted; ctx.usage)
     keep            hooks.cache.keep            (an answer the route's cache may keep)
-    finish          hooks.observers             ← telemetry (spans, metrics, access log)
+    finish          hooks.observers; hooks.telemetry.finish(record): metrics, access log,
+                    dashboard sample and spans, all from the request record
 
 Observers are told `request_started`, `attempt_finished` after each try and
 `request_finished` at the very end (status, usage and error are final by then).
@@ -33,7 +34,6 @@ from aiohttp import web
 
 from gateway.api.validate import model_name
 from gateway.auth import TENANT_HEADER, Authenticator
-from gateway.context import Attempt, Endpoint, RequestContext
 from gateway.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.errors import (
     TIMING_KEY,
@@ -46,8 +46,12 @@ from gateway.errors import (
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
+from gateway.pipeline.attempt_facts import AttemptFacts
+from gateway.pipeline.context import Attempt, Endpoint, RequestContext
+from gateway.pipeline.queue_wait import QueuedSlot
+from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
+from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
-from gateway.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.request_body import read_limited
 from gateway.retries import RetryPolicy
 from gateway.upstream.openai import UpstreamFailure
@@ -71,28 +75,28 @@ class Pipeline:
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         ctx = self.begin(request, endpoint)
-        tel = ctx.telemetry
+        record = ctx.record
         observers = self.hooks.observers
         for observer in observers:
             observer.request_started(ctx)
         try:
-            with tel.step("routegate.auth"):
+            with record.step("routegate.auth"):
                 self.authenticate(ctx)
-            tenant = ctx.identity.tenant if ctx.identity else None
-            tel.identify(tenant=tenant, priority=priority_of(ctx, tenant) if tenant else None,
-                         auth=ctx.identity.auth if ctx.identity else None)
+            identity = ctx.identity
+            if identity is not None:
+                record.tenant, record.auth = identity.tenant, identity.auth
+                record.priority = priority_of(ctx, identity.tenant)
             await self.read_body(ctx)
             await self.parse(ctx)
-            tel.requested(ctx.body)
-            tel.identify(requested_model=ctx.model, stream=ctx.stream,
-                         operation=ctx.endpoint.name, max_tokens=ctx.body.get("max_tokens"),
-                         temperature=ctx.body.get("temperature"))
-            with tel.step("routegate.rate_limit"):
+            note_request(record, ctx.endpoint.name, ctx.model, ctx.stream, ctx.body)
+            with record.step("routegate.rate_limit"):
                 await self.hooks.admission.admit(ctx)
             try:
-                with tel.step("routegate.route") as span:
+                with record.step("routegate.route"):
                     self.route(ctx)
-                    tel.decided(span, ctx.model, ctx.candidates, ctx.decision)
+                    note_decision(record, ctx.model, ctx.candidates,
+                                  ctx.decision if isinstance(ctx.decision, RouteDecision)
+                                  else None)
                 cache = self.hooks.cache
                 ctx.cache_plan = cache.plan(ctx)  # None (most routes): no cache step at all
                 cached = await cache.serve(ctx) if ctx.cache_plan is not None else None
@@ -109,7 +113,8 @@ class Pipeline:
             exc.headers.setdefault("X-Request-Id", ctx.request_id)
             for name, value in ctx.response_headers.items():
                 exc.headers.setdefault(name, value)
-            tel.refused(exc.status, exc.code, exc.type)
+            if not record.attempts:  # refused before any attempt: a limit or a shed?
+                record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
             raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
@@ -117,18 +122,20 @@ class Pipeline:
         finally:
             for observer in observers:
                 observer.request_finished(ctx)
-            tel.close(ctx.status, usage=ctx.usage, target=ctx.target,
-                      error_code=ctx.error.code if ctx.error else None)
+            # no status: an unexpected exception, which the middleware answers with a 500
+            record.status = ctx.status if ctx.status is not None else 500
+            record.error_code = ctx.error.code if ctx.error is not None else None
+            self.hooks.telemetry.finish(record)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
         policy, timing = self.live.current, request[TIMING_KEY]
         request_id = f"{getrandbits(96):024x}"  # unique, not secret: no system call
-        telemetry = self.hooks.telemetry.begin(
+        record = self.hooks.telemetry.begin(
             request_id=request_id, method=request.method, path=request.path,
             headers=request.headers, timings=timing, client=request.remote,
             record_content=policy.file.compliance.record_content)
         return RequestContext(request=request, endpoint=endpoint, policy=policy, timing=timing,
-                              request_id=request_id, telemetry=telemetry)
+                              request_id=request_id, record=record)
 
     def authenticate(self, ctx: RequestContext) -> None:
         ctx.identity = identity = self.auth.authenticate(ctx.request, ctx.policy)
@@ -267,7 +274,7 @@ class Pipeline:
                 if wait_s is None:
                     break
                 retried += 1
-                ctx.telemetry.metrics.observe_retry(target.backend_name)
+                self.hooks.telemetry.metrics.observe_retry(target.backend_name)
                 await asyncio.sleep(wait_s)
         if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
             raise _deadline_exceeded(ctx, [*unavailable, *late])
@@ -287,7 +294,10 @@ class Pipeline:
         ctx.attempts.append(attempt)
         # Entered and left by hand, not through an AsyncExitStack (measurably cheaper):
         # a refusal at the door moves on to the next candidate at no cost.
-        held = ctx.telemetry.queued(target.backend_name, self.hooks.queue.slot(ctx, target))
+        telemetry, record = self.hooks.telemetry, ctx.record
+        held = QueuedSlot(record, ctx.timing, target.backend_name,
+                          telemetry.metrics.queue_depth_of(target.backend_name),
+                          self.hooks.queue.slot(ctx, target))
         try:
             await held.__aenter__()
         except BackendSaturated:
@@ -295,8 +305,10 @@ class Pipeline:
             raise
         try:
             ctx.target = target
-            # starts the upstream clock and span; injects this attempt's traceparent
-            traced = ctx.telemetry.upstream(target, ctx.upstream_headers)
+            # starts the upstream clock; this attempt's traceparent into the headers
+            facts = ctx.facts = AttemptFacts.start(
+                record, target, ctx.timing, telemetry.metrics.in_flight_of(target.backend_name),
+                ctx.upstream_headers, telemetry.new_span_id)
             timeouts = None
             if deadline is not None:  # after the queue: its wait came out of the budget
                 now = ctx.timing.clock()
@@ -304,11 +316,11 @@ class Pipeline:
                 left = deadline.header_value(now)
                 if left is not None:
                     ctx.upstream_headers[DEADLINE_HEADER] = left
-                    traced.deadline(int(left))
+                    facts.left_ms(int(left))
             result: web.StreamResponse | UpstreamFailure
             try:
                 response = await upstream.open(path, body, ctx.upstream_headers, timeouts)
-                traced.responded(response.headers, response.status)
+                facts.responded(response.headers, response.status)
                 attempt.status = response.status
                 if ctx.stream and response.content_type == "text/event-stream":
                     result = await relay_stream(ctx, response)
@@ -318,7 +330,7 @@ class Pipeline:
                 attempt.error, attempt.status = failure.error.message, failure.status
                 attempt.cannot = failure.cannot
                 attempt.retry_after_s = failure.retry_after_s
-                traced.failed(failure.error.message, failure.status)
+                facts.failed(failure.error.message, failure.status)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                          failure.error.message)
@@ -328,7 +340,7 @@ class Pipeline:
             raise
         await held.__aexit__(None, None, None)
         if not isinstance(result, UpstreamFailure):
-            traced.end()
+            facts.end()
             self._attempt_finished(ctx, attempt)
         return result
 

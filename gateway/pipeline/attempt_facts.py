@@ -1,0 +1,162 @@
+"""What one upstream attempt tells the request record as it runs: the first byte, the
+tokens relayed, usage, finish reasons and the backend's own timings.
+
+`AttemptFacts.start` opens an `AttemptRecord` on the record (and its `traceparent`
+for the upstream request); the relay then calls `responded`, `relayed` and `body`,
+and the pipeline `failed` or `end`. Everything lands in the record and its clock
+marks (`RequestTimings`); nothing here reports anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, MutableMapping
+from time import time_ns
+from typing import Any
+
+from gateway.pipeline.content import StreamText, completion_text
+from gateway.pipeline.inference_time import from_body, from_headers
+from gateway.pipeline.record import ERROR_TEXT_CHARS, AttemptRecord, RequestRecord
+from gateway.pipeline.timing import RequestTimings
+from gateway.telemetry.metric_series import GaugeSeries
+from policies.load import ModelTarget
+
+# Compact JSON, as most OpenAI-compatible servers send it: counted with C-speed byte
+# searches so a token stream is never parsed event by event.
+_CONTENT = (b'"content":"', b'"text":"')
+_EMPTY = (b'"content":""', b'"text":""')
+# Python's json.dumps (some servers' chunks) writes a space after each colon.
+_SPACED = b'": "'
+_SPACED_CONTENT = (b'"content": "', b'"text": "')
+_SPACED_EMPTY = (b'"content": ""', b'"text": ""')
+_FINISH = re.compile(rb'"finish_reason":\s*"([A-Za-z_]{1,40})"')
+
+
+def content_events(data: bytes) -> int:
+    """Chunks in `data` whose delta carries non-empty text."""
+    count = sum(data.count(m) for m in _CONTENT) - sum(data.count(m) for m in _EMPTY)
+    if count or _SPACED not in data:
+        return count
+    return sum(data.count(m) for m in _SPACED_CONTENT) - sum(data.count(m) for m in _SPACED_EMPTY)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def note_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:
+    """Token counts from an OpenAI (`prompt_tokens`) or Anthropic (`input_tokens`) usage."""
+    tokens_in = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    if tokens_in is not None:
+        record.input_tokens = tokens_in
+    if tokens_out is not None:
+        record.output_tokens = tokens_out
+
+
+class AttemptFacts:
+    """The writer of one attempt's facts; `in_flight` is its backend's gauge."""
+
+    __slots__ = ("_in_flight", "_record", "_stream_text", "_timings", "attempt")
+
+    def __init__(self, record: RequestRecord, attempt: AttemptRecord, timings: RequestTimings,
+                 in_flight: GaugeSeries) -> None:
+        self._record, self.attempt, self._timings = record, attempt, timings
+        self._in_flight = in_flight
+        self._stream_text: StreamText | None = None
+
+    @classmethod
+    def start(cls, record: RequestRecord, target: ModelTarget, timings: RequestTimings,
+              in_flight: GaugeSeries, headers: MutableMapping[str, str],
+              new_span_id: Any = None) -> AttemptFacts:
+        """Open an attempt on `target`: the upstream clock, its gauge, and `traceparent`
+        in `headers` (a sampled request's names this attempt's span; an unsampled one
+        its root, flagged not sampled; without tracing the caller's goes as it came)."""
+        attempt = AttemptRecord(
+            key=target.key, backend=target.backend_name, model=target.model_name,
+            upstream_model=target.upstream_name or target.model_name,
+            system=target.backend.type, number=len(record.attempts) + 1, start_ns=time_ns())
+        record.attempts.append(attempt)
+        trace = record.trace
+        if trace is not None:
+            span_id = trace.span_id
+            if trace.sampled and new_span_id is not None:
+                span_id = attempt.span_id = new_span_id()
+            headers["traceparent"] = trace.traceparent(span_id)
+            state = trace.tracestate()
+            if state:
+                headers["tracestate"] = state
+        in_flight.inc()
+        timings.upstream_started()
+        return cls(record, attempt, timings, in_flight)
+
+    def left_ms(self, left_ms: int) -> None:
+        """The request's budget left as this attempt was sent (`x-routegate-deadline-ms`)."""
+        self.attempt.deadline_ms = left_ms
+
+    def responded(self, headers: Mapping[str, str], status: int = 200) -> None:
+        """Upstream response headers arrived: first byte, and any timing they report."""
+        timings = self._timings
+        timings.upstream_first_byte()
+        timings.report(from_headers(headers))
+        self.attempt.status = status
+
+    def relayed(self, data: bytes) -> None:
+        """SSE bytes about to be written to the client: tokens, finish reasons, text."""
+        if not data:
+            return
+        count = content_events(data)
+        if count > 0:
+            self._timings.token(count)
+            if not self.attempt.first_token_ns:
+                self.attempt.first_token_ns = time_ns()
+        if b'"finish_reason":"' in data or b'"finish_reason": "' in data:
+            self._record.finish_reasons.extend(m.decode() for m in _FINISH.findall(data))
+        if self._record.keeps_content:
+            if self._stream_text is None:
+                self._stream_text = StreamText()
+            self._stream_text.feed(data)
+            self._record.completion = self._stream_text.text()
+
+    def body(self, body: Mapping[str, Any] | None) -> None:
+        """A JSON reply, or a stream's final chunk: usage and backend-reported timings."""
+        if not body:
+            return
+        record = self._record
+        self._timings.report(from_body(body))
+        usage = body.get("usage")
+        if isinstance(usage, Mapping):
+            note_usage(record, usage)
+        choices = body.get("choices")
+        if isinstance(choices, list):
+            reasons = [c.get("finish_reason") for c in choices if isinstance(c, Mapping)]
+            record.finish_reasons.extend(r for r in reasons if isinstance(r, str))
+        if isinstance(body.get("model"), str):
+            record.response_model = body["model"]
+        if isinstance(body.get("id"), str):
+            record.response_id = body["id"]
+
+    def reply(self, body: Mapping[str, Any]) -> None:
+        """A successful non-streamed JSON reply, parsed once by the relay."""
+        self.body(body)
+        if self._record.keeps_content:
+            self._record.completion = completion_text(body)
+
+    def failed(self, statement: str, status: int | None = None) -> None:
+        """The attempt failed. The span keeps the statement only: what follows ": " is
+        an exception's own text, which may quote what the backend sent."""
+        attempt = self.attempt
+        attempt.error = statement
+        attempt.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
+        if status is not None:
+            attempt.status = status
+        self.end()
+
+    def end(self) -> None:
+        attempt = self.attempt
+        if attempt.ended:
+            return
+        attempt.ended = True
+        attempt.end_ns = time_ns()
+        self._timings.upstream_ended()
+        self._in_flight.dec()
