@@ -62,3 +62,64 @@ def test_checker_sees_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("from gateway.app import create_app\nimport torch\n")
     assert {"gateway", "torch"} <= imported_top_levels(bad)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The project modules `path` imports (a `from a.b import c` may name module a.b.c);
+    imports under `TYPE_CHECKING` count: a cycle for the type checker is one for the
+    reader."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found & known
+
+
+def import_cycles(paths: list[Path], root: Path = ROOT) -> list[list[str]]:
+    """Every cycle of module imports among `paths`, each once (as found from its
+    alphabetically first module)."""
+    names = {module_name(p, root): p for p in paths}
+    graph = {name: imported_modules(path, set(names)) - {name}
+             for name, path in names.items()}
+    cycles: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+
+    def visit(start: str, node: str, trail: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                key = frozenset(trail)
+                if key not in seen:
+                    seen.add(key)
+                    cycles.append([*trail, start])
+            elif nxt > start and nxt not in trail:
+                visit(start, nxt, [*trail, nxt])
+
+    for name in sorted(graph):
+        visit(name, name, [name])
+    return cycles
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    paths = [p for package in PACKAGES for p in source_files(package)]
+    cycles = import_cycles(paths)
+    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_sees_a_cycle_even_under_type_checking(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import thing\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import x\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    cycles = import_cycles(sorted(package.glob("*.py")), tmp_path)
+    assert cycles == [["pkg.a", "pkg.b", "pkg.a"]]

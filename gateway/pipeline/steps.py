@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from random import getrandbits
 
 import orjson
@@ -38,16 +37,15 @@ from gateway.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.errors import (
     TIMING_KEY,
     BadRequest,
-    DeadlinePassed,
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
-    RateLimited,
 )
 from gateway.hooks import Hooks
 from gateway.live_policy import LivePolicy
 from gateway.pipeline.attempt_facts import AttemptFacts
 from gateway.pipeline.context import Attempt, Endpoint, RequestContext
+from gateway.pipeline.outcome import deadline_exceeded, exhausted
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.pipeline.request_facts import note_decision, note_request
@@ -277,12 +275,12 @@ class Pipeline:
                 self.hooks.telemetry.metrics.observe_retry(target.backend_name)
                 await asyncio.sleep(wait_s)
         if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
-            raise _deadline_exceeded(ctx, [*unavailable, *late])
+            raise deadline_exceeded(ctx, [*unavailable, *late])
         if saturated and not failures:  # shed: 503 with the soonest Retry-After
             raise BackendSaturated.for_all(ctx.model, saturated, unavailable)
         if inexpressible and not failures:  # no candidate could take the request as sent
             raise inexpressible[0]
-        raise self.exhausted(ctx, failures, unavailable)
+        raise exhausted(ctx, failures, unavailable)
 
     async def attempt(self, ctx: RequestContext, target: ModelTarget, upstream: Upstream,
                       path: str, body: bytes) -> web.StreamResponse | UpstreamFailure:
@@ -348,30 +346,6 @@ class Pipeline:
         for observer in self.hooks.observers:
             observer.attempt_finished(ctx, attempt)
 
-    def exhausted(self, ctx: RequestContext, failures: Sequence[UpstreamFailure],
-                  unavailable: Sequence[str]) -> GatewayError:
-        if not failures:
-            return NoBackendAvailable(
-                f"No backend can serve '{ctx.model}': " + "; ".join(unavailable) + ".")
-        summary = "; ".join(_describe(failure) for failure in failures)
-        last = failures[-1]
-        if last.cannot is not None and all(failure.cannot for failure in failures):
-            # every backend tried said it cannot do this: the client's to change (400)
-            return BadRequest(f"No backend for '{ctx.model}' can serve this request as "
-                              f"written: {summary}", param=last.cannot.param,
-                              code=last.cannot.code)
-        if len(failures) > 1 or unavailable:
-            summary = f"All candidates for '{ctx.model}' failed: {summary}" + (
-                "; " + "; ".join(unavailable) if unavailable else "")
-        if all(failure.status == 429 for failure in failures):
-            headers = {}
-            for failure in reversed(failures):  # the latest advice any of them gave
-                if "Retry-After" in failure.headers:
-                    headers["Retry-After"] = failure.headers["Retry-After"]
-                    break
-            return RateLimited(summary, headers=headers)
-        return last.error.__class__(summary)
-
 
 def _misfit(ctx: RequestContext, deadline: Deadline, key: str) -> str | None:
     """Why the fallback `key` is predicted not to fit what is left of the budget. Not
@@ -383,25 +357,3 @@ def _misfit(ctx: RequestContext, deadline: Deadline, key: str) -> str | None:
         if candidate.key == key:
             return deadline.misfit(ctx.timing.clock(), candidate.ttft_ms, candidate.total_ms)
     return None
-
-
-def _deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePassed:
-    tried = "; ".join(f"{attempt.target.key} ({(attempt.error or '').rstrip('.')})"
-                      for attempt in ctx.attempts)
-    text = f"The request's latency budget ran out before any backend answered '{ctx.model}'"
-    text += f"; tried {tried}" if tried else "; nothing was tried"
-    if skipped:
-        text += "; not tried " + "; ".join(skipped)
-    return DeadlinePassed(text + ".")
-
-
-def _describe(failure: UpstreamFailure) -> str:
-    text = failure.error.message.rstrip(".")
-    if failure.body:
-        try:
-            message = orjson.loads(failure.body)["error"]["message"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            message = None
-        if isinstance(message, str):
-            text += f" ({message[:200]})"
-    return text

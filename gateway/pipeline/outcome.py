@@ -1,0 +1,61 @@
+"""What the client is told when no candidate answered: every failure summed up in one
+error, with the status the failures call for (a 400 when every backend said it cannot
+do what was asked, a 429 when each was rate-limited, a 504 once the budget ran out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from gateway.errors import BadRequest, DeadlinePassed, GatewayError, NoBackendAvailable, RateLimited
+from gateway.pipeline.context import RequestContext
+from gateway.upstream.openai import UpstreamFailure
+
+
+def exhausted(ctx: RequestContext, failures: Sequence[UpstreamFailure],
+              unavailable: Sequence[str]) -> GatewayError:
+    """What the client is told when no candidate answered: the failures, in one error."""
+    if not failures:
+        return NoBackendAvailable(
+            f"No backend can serve '{ctx.model}': " + "; ".join(unavailable) + ".")
+    summary = "; ".join(_describe(failure) for failure in failures)
+    last = failures[-1]
+    if last.cannot is not None and all(failure.cannot for failure in failures):
+        # every backend tried said it cannot do this: the client's to change (400)
+        return BadRequest(f"No backend for '{ctx.model}' can serve this request as "
+                          f"written: {summary}", param=last.cannot.param,
+                          code=last.cannot.code)
+    if len(failures) > 1 or unavailable:
+        summary = f"All candidates for '{ctx.model}' failed: {summary}" + (
+            "; " + "; ".join(unavailable) if unavailable else "")
+    if all(failure.status == 429 for failure in failures):
+        headers = {}
+        for failure in reversed(failures):  # the latest advice any of them gave
+            if "Retry-After" in failure.headers:
+                headers["Retry-After"] = failure.headers["Retry-After"]
+                break
+        return RateLimited(summary, headers=headers)
+    return last.error.__class__(summary)
+
+
+def deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePassed:
+    tried = "; ".join(f"{attempt.target.key} ({(attempt.error or '').rstrip('.')})"
+                      for attempt in ctx.attempts)
+    text = f"The request's latency budget ran out before any backend answered '{ctx.model}'"
+    text += f"; tried {tried}" if tried else "; nothing was tried"
+    if skipped:
+        text += "; not tried " + "; ".join(skipped)
+    return DeadlinePassed(text + ".")
+
+
+def _describe(failure: UpstreamFailure) -> str:
+    text = failure.error.message.rstrip(".")
+    if failure.body:
+        try:
+            message = orjson.loads(failure.body)["error"]["message"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            message = None
+        if isinstance(message, str):
+            text += f" ({message[:200]})"
+    return text
