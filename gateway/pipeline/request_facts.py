@@ -52,6 +52,6 @@ def note_decision(record: RequestRecord, model: str, candidates: Sequence[ModelT
             record.predicted_total_ms = primary.total_ms
             record.predicted_cost_micros = primary.cost_micro_usd
         if record.sampled:
-            record.excluded = [f"{e.key}: {e.reason}" for e in decision.excluded]
+            record.excluded = tuple(f"{e.key}: {e.reason}" for e in decision.excluded)
     if record.sampled:
-        record.candidates = [c.key for c in candidates]
+        record.candidates = tuple(c.key for c in candidates)

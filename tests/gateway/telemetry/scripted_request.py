@@ -68,7 +68,7 @@ async def scripted_request(
         record.route, record.decided_backend, record.reason = "chat", backend, "cheapest"
         record.decision_id, record.predicted_ttft_ms = "d-1", 90.0
         if record.sampled:
-            record.candidates = [f"{backend}/llama"]
+            record.candidates = (f"{backend}/llama",)
     metrics = telemetry.metrics
     async with QueuedSlot(record, timings, backend, metrics.queue_depth_of(backend),
                           WaitingSlot(lambda: tick(5))):

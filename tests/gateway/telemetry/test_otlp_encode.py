@@ -70,7 +70,7 @@ async def test_every_value_type_and_a_failed_step_encode_as_the_sdk() -> None:
     record.steps.append(StepRecord("routegate.odd", record.start_ns, record.end_ns,
                                    error_type="ValueError", error_text="broken"))
     record.finish_reasons = ["stop", "length"]
-    record.excluded = ["a/b: capability: tools", "c/d: region"]
+    record.excluded = ("a/b: capability: tools", "c/d: region")
     record.temperature, record.max_tokens = 0.5, 2**40
     assert ours([record]) == sdks([record])
 
