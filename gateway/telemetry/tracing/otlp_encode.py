@@ -74,11 +74,6 @@ def _any_value(value: Any) -> bytes:
     return b""  # None, or a type OTLP cannot carry: an empty AnyValue
 
 
-def _flags(remote: bool) -> int:
-    """SpanFlags: whether the parent (or a link's span) is remote, and that this is known."""
-    return _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if remote else 0)
-
-
 def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
 
@@ -136,8 +131,8 @@ class OtlpEncoder:
         for span in spans:
             encoded.append(fields(trace_id, span.span_id, trace_state, span.parent_id,
                                   span.parent_remote, span.name, span.kind, span.start_ns,
-                                  span.end_ns, span.attributes, 0, span.events, (),
-                                  span.code, span.description))
+                                  span.end_ns, span.attributes, span.events, span.code,
+                                  span.description))
         batch.spans += len(spans)
 
     def request_of(self, batch: EncodedBatch, resource: Any) -> bytes:
@@ -159,9 +154,8 @@ class OtlpEncoder:
 
     def _fields(self, trace_id: int, span_id: int, trace_state: Mapping[str, str] | None,
                 parent_id: int, parent_remote: bool, name: str, kind: int, start: int,
-                end: int, attributes: Mapping[str, Any] | None, dropped: int,
-                events: Sequence[tuple[str, int, Any]],
-                links: Sequence[tuple[int, int, bool, Any]], code: int,
+                end: int, attributes: Mapping[str, Any] | None,
+                events: Sequence[tuple[str, int, Any]], code: int,
                 description: str | None) -> bytes:
         """ScopeSpans.spans (field 2) for one span (`parent_id` 0: none). What a request's
         spans share is encoded once: the trace id of the span before, the parent id of
@@ -188,20 +182,11 @@ class OtlpEncoder:
         parts += (named, _TIMES(0x39, start, 0x41, end))
         if attributes:
             parts.append(self._attributes(b"\x4a", attributes))
-        if dropped:
-            parts += (b"\x50", _varint(dropped))
         for event_name, timestamp, event_attributes in events:
             body = b"\x09" + _FIXED64(timestamp) + _field(b"\x12", event_name.encode())
             if event_attributes:
                 body += self._attributes(b"\x1a", event_attributes)
             parts.append(_field(b"\x5a", body))
-        for link_trace, link_span, link_remote, link_attributes in links:
-            body = (b"\x0a\x10" + link_trace.to_bytes(16, "big")
-                    + b"\x12\x08" + link_span.to_bytes(8, "big"))
-            if link_attributes:
-                body += self._attributes(b"\x22", link_attributes)
-            body += b"\x35" + _FIXED32(_flags(link_remote))
-            parts.append(_field(b"\x6a", body))
         if description:
             parts.append(_field(b"\x7a", _field(b"\x12", description.encode())
                                 + (b"\x18" + _varint(code) if code else b"")))
