@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.policy_explain import explain_request  # noqa: E402
+from gateway.policy.explain import explain_request  # noqa: E402
 from policies import PolicyError, load, loads  # noqa: E402
 from routing.tokens import TokenCounter  # noqa: E402
 

@@ -17,8 +17,6 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
-from gateway.backend_health import install as install_backend_health
-from gateway.backends_admin import install as install_backends_admin
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
 from gateway.drain import DRAIN, Drain
@@ -26,11 +24,13 @@ from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.launch_board import board_context
 from gateway.limits.http import install as install_limits
-from gateway.live_policy import LivePolicy
 from gateway.pipeline.steps import Pipeline
-from gateway.policy_admin import install_policy_admin
+from gateway.policy.admin import install_policy_admin
+from gateway.policy.live import LivePolicy
 from gateway.queueing.http import install as install_queues
-from gateway.routing_hook import install as install_routing
+from gateway.route.admin import install as install_backends_admin
+from gateway.route.health import install as install_backend_health
+from gateway.route.hook import install as install_routing
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry

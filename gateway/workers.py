@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from gateway.launch_board import LaunchBoard
-from gateway.live_policy import LivePolicy
-from gateway.policy_watch import PolicyReloader
+from gateway.policy.live import LivePolicy
+from gateway.policy.watch import PolicyReloader
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
 from policies.load import Policy

@@ -30,8 +30,8 @@ from gateway.api.validate import check_chat, model_name
 from gateway.auth import TENANT_HEADER
 from gateway.errors import BadRequest, GatewayError, ModelNotFound
 from gateway.pipeline.context import Endpoint, RequestContext
-from gateway.request_body import read_limited
-from gateway.routing_hook import ROUTING
+from gateway.pipeline.request_body import read_limited
+from gateway.route.hook import ROUTING
 from gateway.whole_response import WholeResponse
 from policies.load import ModelTarget
 

@@ -11,7 +11,7 @@ from gateway.blob_store import BlobStore, open_blobs
 from gateway.cache.metrics import CacheCollector
 from gateway.cache.response_cache import ResponseCache
 from gateway.hooks import Hooks
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 
 RESPONSE_CACHE = web.AppKey("routegate.response_cache", ResponseCache)
 

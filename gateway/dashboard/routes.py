@@ -19,8 +19,8 @@ import orjson
 from aiohttp import web
 
 from gateway.auth import require_admin
-from gateway.backends_admin import target_states
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
+from gateway.route.admin import target_states
 from gateway.telemetry.live import LiveWindow
 
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ from gateway.limits.limiter import Limiter, LimitStoreUnavailable
 from gateway.limits.store import LimitStore, StoreUnavailable
 from gateway.limits.store_metrics import StoreCollector
 from gateway.limits.wiring import open_store, store_url
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 
 LIMITER = web.AppKey("routegate.limiter", Limiter)
 _LIVE = web.AppKey("routegate.limits.live", LivePolicy)

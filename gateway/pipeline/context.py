@@ -9,13 +9,13 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.auth import Identity
-from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.limits.limiter import Ticket
 from gateway.pipeline.attempt_facts import AttemptFacts
+from gateway.pipeline.deadline import Deadline
 from gateway.pipeline.record import RequestRecord
+from gateway.pipeline.sse import SseRelay
 from gateway.pipeline.timing import RequestTimings
-from gateway.sse import SseRelay
 from gateway.upstream.openai import Incapable
 from policies.load import ModelTarget, Policy
 

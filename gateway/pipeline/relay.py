@@ -21,7 +21,7 @@ from aiohttp import web
 from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.pipeline.context import Dialect, RequestContext
-from gateway.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
+from gateway.pipeline.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
 from gateway.upstream.http1 import BodyTooLarge
 from gateway.upstream.openai import (
     PASSTHROUGH_HEADERS,

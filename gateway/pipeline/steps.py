@@ -33,7 +33,6 @@ from aiohttp import web
 
 from gateway.api.validate import model_name
 from gateway.auth import TENANT_HEADER, Authenticator
-from gateway.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.errors import (
     TIMING_KEY,
     BadRequest,
@@ -42,16 +41,17 @@ from gateway.errors import (
     NoBackendAvailable,
 )
 from gateway.hooks import Hooks
-from gateway.live_policy import LivePolicy
 from gateway.pipeline.attempt_facts import AttemptFacts
 from gateway.pipeline.context import Attempt, Endpoint, RequestContext
+from gateway.pipeline.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.pipeline.outcome import deadline_exceeded, exhausted
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
+from gateway.pipeline.request_body import read_limited
 from gateway.pipeline.request_facts import note_decision, note_request
+from gateway.pipeline.retries import RetryPolicy
+from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
-from gateway.request_body import read_limited
-from gateway.retries import RetryPolicy
 from gateway.upstream.openai import UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.auth import require_admin
 from gateway.hooks import Hooks
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 from gateway.queueing.queues import BackendQueues
 from gateway.queueing.slot_hook import QueueSlotHook
 

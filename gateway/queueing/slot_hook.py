@@ -9,7 +9,7 @@ and leaves it when the response (the whole stream) has been relayed:
 - a request whose deadline passes while it waits raises `DeadlinePassed` (504);
 - a client that disconnects cancels the wait and leaves the queue at once.
 
-The request's deadline is when its first token is due (`gateway/deadline.py`: the
+The request's deadline is when its first token is due (`gateway/pipeline/deadline.py`: the
 route's `latency_budget`, tightened by the request's budget headers);
 its priority is its tenant's (`tenants.<name>.priority`, else `defaults.priority`).
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.auth import require_admin
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 from gateway.telemetry.metrics import GatewayMetrics
 
 

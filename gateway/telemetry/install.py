@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from gateway.dashboard import dashboard_routes
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 from gateway.telemetry.access_log import LOGGER_NAME, json_line_handler
 from gateway.telemetry.endpoints import metrics_route
 from gateway.telemetry.service import Telemetry

@@ -5,9 +5,9 @@ from __future__ import annotations
 import email.utils
 import time
 
-from gateway.deadline import Deadline
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.retries import RetryPolicy, retry_after_s
+from gateway.pipeline.deadline import Deadline
+from gateway.pipeline.retries import RetryPolicy, retry_after_s
 from gateway.upstream.openai import UpstreamFailure
 from policies.resilience import Retries
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.policy_explain import explain_request, render
+from gateway.policy.explain import explain_request, render
 from tests.conftest import StartGateway, StartUpstream, as_policy
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}

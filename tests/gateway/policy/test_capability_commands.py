@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy_explain import explain_file
+from gateway.policy.explain import explain_file
 from tests.gateway.policy.test_commands import run
 
 POLICY = """\

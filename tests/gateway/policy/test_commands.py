@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import key_commands, policy_commands
+from gateway.policy import commands as policy_commands
+from gateway.policy import key_commands
 from policies import hash_key, loads
 from policies.json_schema import policy_json_schema
 

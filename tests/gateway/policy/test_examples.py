@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy_explain import explain_file, explain_request
+from gateway.policy.explain import explain_file, explain_request
 from policies import load
 from routing.tokens import TokenCounter
 

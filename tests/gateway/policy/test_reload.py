@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.policy_admin import RELOADER
+from gateway.policy.admin import RELOADER
 from gateway.settings import Settings
 from policies import hash_key
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.policy_admin import SHADOW
+from gateway.policy.admin import SHADOW
 from gateway.settings import Settings
 from policies import hash_key
 from tests.conftest import StartGateway, StartUpstream

@@ -5,8 +5,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from gateway.backend_load import BackendLoadPoller, metrics_url, parse_load
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
+from gateway.route.load import BackendLoadPoller, metrics_url, parse_load
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats
 from tests.conftest import as_policy

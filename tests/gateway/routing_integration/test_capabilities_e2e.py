@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import LIVE_POLICY, SUPERVISOR, create_app
-from gateway.routing_hook import ROUTING
+from gateway.route.hook import ROUTING
 from gateway.runner import GatewayRunner
 from gateway.settings import Settings
 from policies.load import loads

@@ -10,7 +10,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from gateway.app import HOOKS
-from gateway.routing_hook import ROUTING
+from gateway.route.hook import ROUTING
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 

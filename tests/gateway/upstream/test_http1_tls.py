@@ -19,7 +19,7 @@ import trustme
 import yaml
 from aiohttp import web
 
-from gateway.policy_admin import RELOADER
+from gateway.policy.admin import RELOADER
 from gateway.settings import Settings
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Timeouts
 from tests.conftest import StartGateway, single_backend_policy

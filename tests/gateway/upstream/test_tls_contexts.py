@@ -10,7 +10,7 @@ from pathlib import Path
 import trustme
 import yaml
 
-from gateway.policy_admin import RELOADER
+from gateway.policy.admin import RELOADER
 from gateway.settings import Settings
 from gateway.upstream.tls import is_ready, tls_context
 from tests.conftest import StartGateway, single_backend_policy

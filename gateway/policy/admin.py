@@ -17,10 +17,10 @@ from aiohttp import web
 from gateway.auth import require_admin
 from gateway.errors import GatewayError, NotFound
 from gateway.hooks import Hooks
-from gateway.live_policy import LivePolicy
-from gateway.policy_shadow import ShadowPolicy
-from gateway.policy_watch import PolicyReloader, ReloadResult, reload_context
-from gateway.routing_hook import ROUTING
+from gateway.policy.live import LivePolicy
+from gateway.policy.shadow import ShadowPolicy
+from gateway.policy.watch import PolicyReloader, ReloadResult, reload_context
+from gateway.route.hook import ROUTING
 from gateway.settings import Settings
 from policies.load import load
 from routing.stats import StatsSnapshot

@@ -32,7 +32,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.backend_load import install as install_load_poller
 from gateway.errors import (
     BadRequest,
     Forbidden,
@@ -42,8 +41,9 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.hooks import Hooks, QueueSlots
-from gateway.live_policy import LivePolicy
 from gateway.pipeline.context import Attempt, RequestContext
+from gateway.policy.live import LivePolicy
+from gateway.route.load import install as install_load_poller
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.pool import UpstreamPool
 from policies.capabilities import ModelCapabilities

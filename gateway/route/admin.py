@@ -20,9 +20,9 @@ import orjson
 from aiohttp import web
 
 from gateway.auth import require_admin
-from gateway.backend_health import HEALTH
-from gateway.live_policy import LivePolicy
-from gateway.routing_hook import ROUTING
+from gateway.policy.live import LivePolicy
+from gateway.route.health import HEALTH
+from gateway.route.hook import ROUTING
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from gateway.live_policy import LivePolicy
+from gateway.policy.live import LivePolicy
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
 from routing.stats import LiveStats

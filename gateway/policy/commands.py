@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from gateway.policy_explain import add_explain_parser, env_assignment
+from gateway.policy.explain import add_explain_parser, env_assignment
 from policies.errors import PolicyError, PolicyIssue
 from policies.json_schema import render as render_schema
 from policies.load import Policy, load
