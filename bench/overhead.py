@@ -128,7 +128,7 @@ def run_gateway_variant(port: int, policy_path: str, without: tuple[str, ...]) -
 
     from gateway.app import HOOKS, create_app
     from gateway.hooks import Hooks
-    from gateway.serve import serve
+    from gateway.server.serve import serve
     from gateway.settings import Settings
     from policies.load import load
 

@@ -33,7 +33,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.app import create_app
-from gateway.runner import GatewayRunner
+from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from policies.load import loads
 

@@ -19,10 +19,10 @@ from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
-from gateway.drain import DRAIN, Drain
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
-from gateway.launch_board import board_context
+from gateway.launch.board import board_context
+from gateway.launch.supervisor import Supervisor
 from gateway.limits.http import install as install_limits
 from gateway.pipeline.steps import Pipeline
 from gateway.policy.admin import install_policy_admin
@@ -31,8 +31,8 @@ from gateway.queueing.http import install as install_queues
 from gateway.route.admin import install as install_backends_admin
 from gateway.route.health import install as install_backend_health
 from gateway.route.hook import install as install_routing
+from gateway.server.drain import DRAIN, Drain
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
 from gateway.telemetry.install import install_telemetry
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.state_metrics import StateCollector

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway import serve
 from gateway.policy import commands as policy_commands
 from gateway.policy import key_commands
+from gateway.server import serve
 from gateway.settings import package_version
 
 COMMANDS = (serve, policy_commands, key_commands)

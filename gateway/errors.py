@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline.timing import RequestTimings
-from gateway.whole_response import WholeResponse
+from gateway.server.whole_response import WholeResponse
 
 log = logging.getLogger("routegate.errors")
 

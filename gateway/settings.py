@@ -36,7 +36,7 @@ class Settings:
     restart_backoff_s: tuple[float, float] = (0.5, 30.0)  # first delay, cap
     # `serve --workers N`: this process is one of `workers` on one port (SO_REUSEPORT);
     # each backend's `max_concurrency` is shared out among them; launched backends are
-    # the supervisor's, read from `launch_board` (gateway/launch_board.py).
+    # the supervisor's, read from `launch_board` (gateway/launch/board.py).
     workers: int = 1
     reuse_port: bool = False
     launch_board: Path | None = None

@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.runner import GatewayRunner
+from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from policies.load import Policy, loads
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI

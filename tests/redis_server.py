@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.workers import find_redis_server  # the one `serve --workers` runs
+from gateway.server.workers import find_redis_server  # the one `serve --workers` runs
 from tests.ports import free_port
 
 

@@ -32,7 +32,7 @@ from gateway.errors import BadRequest, GatewayError, ModelNotFound
 from gateway.pipeline.context import Endpoint, RequestContext
 from gateway.pipeline.request_body import read_limited
 from gateway.route.hook import ROUTING
-from gateway.whole_response import WholeResponse
+from gateway.server.whole_response import WholeResponse
 from policies.load import ModelTarget
 
 log = logging.getLogger("routegate.api.anthropic")

@@ -10,10 +10,10 @@ from aiohttp.http import HttpVersion11
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
 from gateway.auth import TENANT_HEADER
-from gateway.drain import DRAIN
 from gateway.pipeline.context import Endpoint
 from gateway.pipeline.steps import Pipeline
 from gateway.route.admin import backend_states, out_of_service
+from gateway.server.drain import DRAIN
 from gateway.upstream.connect_probe import READINESS
 
 CHAT = Endpoint("chat.completions", "/chat/completions", check_chat)

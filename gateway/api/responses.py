@@ -30,7 +30,7 @@ from gateway.api.validate import check_chat
 from gateway.auth import TENANT_HEADER
 from gateway.errors import BadRequest, NotFound, UpstreamError
 from gateway.pipeline.context import Endpoint, RequestContext
-from gateway.whole_response import WholeResponse
+from gateway.server.whole_response import WholeResponse
 from policies.load import ModelTarget
 
 Body = dict[str, Any]

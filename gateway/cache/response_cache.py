@@ -30,7 +30,7 @@ from gateway.cache.key import Mode, cache_key, mode_of
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.relay import STREAM_HEADERS, stream_writers
 from gateway.pipeline.sse import DONE_EVENT, comment
-from gateway.whole_response import WholeResponse
+from gateway.server.whole_response import WholeResponse
 from policies.schema import RouteCache
 from routing.decide import RouteDecision
 

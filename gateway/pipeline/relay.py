@@ -18,10 +18,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.drain import drain_cut_error, is_drain_cut
 from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
 from gateway.pipeline.context import Dialect, RequestContext
 from gateway.pipeline.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
+from gateway.server.drain import drain_cut_error, is_drain_cut
+from gateway.server.whole_response import WholeResponse
 from gateway.upstream.http1 import BodyTooLarge
 from gateway.upstream.openai import (
     PASSTHROUGH_HEADERS,
@@ -31,7 +32,6 @@ from gateway.upstream.openai import (
     incapable,
 )
 from gateway.upstream.pool import UpstreamResponse
-from gateway.whole_response import WholeResponse
 
 # A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
 # parsed: only its `usage` object is picked out of the bytes (`usage_of`).

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, main
+from gateway.launch.supervisor import free_port
 from gateway.settings import default_policy_path
-from gateway.supervisor import free_port
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import yaml
 
-from gateway.supervisor import free_port
+from gateway.launch.supervisor import free_port
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.supervisor import free_port
+from gateway.launch.supervisor import free_port
 from tests.conftest import StartGateway, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.runner import FixedPaths, GatewayRunner
+from gateway.server.runner import FixedPaths, GatewayRunner
 from gateway.settings import Settings
 from tests.conftest import StartGateway, as_policy, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from gateway.serve import GC_THRESHOLDS, settle_garbage_collector
+from gateway.server.serve import GC_THRESHOLDS, settle_garbage_collector
 
 
 def test_long_lived_objects_are_frozen_and_young_collections_are_rarer() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 
 from gateway.app import LIVE_POLICY, SUPERVISOR
+from gateway.launch.supervisor import Supervisor
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
 from tests.conftest import RunningGateway, StartGateway, as_policy
 
 CHILD = str(Path(__file__).resolve().parent.parent / "fakes" / "child_backend.py")

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 import yaml
 
+from gateway.launch.supervisor import free_port
+from gateway.server.workers import WorkerSupervisor
 from gateway.settings import Settings
-from gateway.supervisor import free_port
-from gateway.workers import WorkerSupervisor
 from policies.load import load
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI

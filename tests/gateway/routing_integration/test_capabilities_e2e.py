@@ -22,7 +22,7 @@ from aiohttp import web
 
 from gateway.app import LIVE_POLICY, SUPERVISOR, create_app
 from gateway.route.hook import ROUTING
-from gateway.runner import GatewayRunner
+from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from policies.load import loads
 from routing.capabilities import TOOLS

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.runner import GatewayRunner
+from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.service import Telemetry

@@ -1,6 +1,6 @@
 """The launched local backends, shared by the workers of `serve --workers N`.
 
-The supervisor process starts `launch:` backends once (`gateway/supervisor.py`) and
+The supervisor process starts `launch:` backends once (`gateway/launch/supervisor.py`) and
 writes where each one is (its URL, or why it is down) to one small JSON file,
 replaced atomically on every change (`LaunchBoard`). Each worker reads the file
 when it changes (`follow_board`) and tells its upstream pool, as the supervisor

@@ -14,12 +14,12 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import LIVE_POLICY, create_app
-from gateway.drain import CUT_GRACE_S, DRAIN, drain_and_stop
-from gateway.runner import GatewayRunner
+from gateway.server.drain import CUT_GRACE_S, DRAIN, drain_and_stop
+from gateway.server.runner import GatewayRunner
+from gateway.server.workers import supervise, worker_count
 from gateway.settings import Settings, default_policy_path, package_version
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
-from gateway.workers import supervise, worker_count
 from policies.load import PolicyError, load
 
 log = logging.getLogger("routegate.serve")
@@ -119,7 +119,7 @@ def settle_garbage_collector() -> None:
 async def serve(app: web.Application, settings: Settings) -> int:
     # handler_cancellation: a client that disconnects cancels its handler at once, which
     # closes the upstream connection so the backend stops generating for nobody.
-    # shutdown_timeout: the drain has already waited for requests (gateway/drain.py).
+    # shutdown_timeout: the drain has already waited for requests (gateway/server/drain.py).
     runner = GatewayRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=CUT_GRACE_S)
     await runner.setup()

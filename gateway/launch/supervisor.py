@@ -48,7 +48,7 @@ class Child:
 
 class LaunchedBackends(Protocol):
     """Who is told where each child serves: the upstream pool, or (`serve --workers`)
-    the board the workers read (`gateway/launch_board.py`)."""
+    the board the workers read (`gateway/launch/board.py`)."""
 
     def set_launched(self, name: str, url: str,
                      capabilities: ModelCapabilities | None = None) -> None: ...

@@ -3,12 +3,12 @@
     supervisor (this module)
       ├─ a private redis-server, when no Redis is configured: rate limits, budgets and
       │  spend are exact across the workers because they share one store
-      ├─ launched local backends (`gateway/supervisor.py`), started once; the workers
-      │  read where they are from a board file (`gateway/launch_board.py`)
+      ├─ launched local backends (`gateway/launch/supervisor.py`), started once; the workers
+      │  read where they are from a board file (`gateway/launch/board.py`)
       └─ worker 0 … N-1: `routegate serve` each, listening with SO_REUSEPORT (the kernel
          spreads new connections among them); one that dies is started again
 
-Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/drain.py`);
+Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/server/drain.py`);
 the supervisor waits for them, then stops the backends and Redis. SIGHUP, and a
 change of the policy file, reach every worker (each watches the file; SIGHUP is
 forwarded) and the supervisor, which follows the policy's `launch:` backends.
@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.launch_board import LaunchBoard
+from gateway.launch.board import LaunchBoard
+from gateway.launch.supervisor import Supervisor
 from gateway.policy.live import LivePolicy
 from gateway.policy.watch import PolicyReloader
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
 from policies.load import Policy
 
 log = logging.getLogger("routegate.workers")
