@@ -10,7 +10,7 @@ marks (`RequestTimings`); nothing here reports anywhere.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from time import time_ns
 from typing import Any
 
@@ -68,7 +68,7 @@ class AttemptFacts:
     @classmethod
     def start(cls, record: RequestRecord, target: ModelTarget, timings: RequestTimings,
               in_flight: GaugeSeries, headers: MutableMapping[str, str],
-              new_span_id: Any = None) -> AttemptFacts:
+              new_span_id: Callable[[], int] | None = None) -> AttemptFacts:
         """Open an attempt on `target`: the upstream clock, its gauge, and `traceparent`
         in `headers` (a sampled request's names this attempt's span; an unsampled one
         its root, flagged not sampled; without tracing the caller's goes as it came)."""

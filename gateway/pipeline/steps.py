@@ -120,6 +120,8 @@ class Pipeline:
         finally:
             for observer in observers:
                 observer.request_finished(ctx)
+            if ctx.facts is not None:  # a disconnect or an error may leave it open
+                ctx.facts.end()
             # no status: an unexpected exception, which the middleware answers with a 500
             record.status = ctx.status if ctx.status is not None else 500
             record.error_code = ctx.error.code if ctx.error is not None else None

@@ -90,9 +90,6 @@ class Telemetry:
         record.end_ns = time_ns()
         if not record.status:
             record.status = 500
-        for attempt in record.attempts:  # a disconnect may leave one open
-            if not attempt.ended:
-                attempt.ended, attempt.end_ns = True, record.end_ns
         timings.finish()
         split = record.split = timings.split()
         record.gw_ms, record.queue_ms = split.gw_ms, split.queue_ms

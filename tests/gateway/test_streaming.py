@@ -49,6 +49,24 @@ async def test_client_disconnect_cancels_the_upstream_request_within_100ms(
     assert openai_upstream.cancelled[0] - gone < 0.1
 
 
+async def test_a_client_gone_mid_stream_leaves_no_attempt_counted_in_flight(
+        gateway: RunningGateway, openai_upstream: FakeOpenAI) -> None:
+    openai_upstream.behaviour.pause_after_chunk = 1  # the stream hangs after chunk 1
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(gateway.base_url + "/chat/completions", json=STREAM_BODY)
+        await response.content.readany()
+        response.close()  # drop the connection mid-stream
+    await asyncio.wait_for(openai_upstream.cancelled_event.wait(), 2)
+    in_flight = 'routegate_in_flight{backend="up"} 0.0'
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):  # the request's end runs just after the upstream's cancel
+            async with session.get(gateway.url + "/metrics") as metrics:
+                if in_flight in await metrics.text():
+                    return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"{in_flight} never showed on /metrics")
+
+
 async def test_client_disconnect_while_waiting_for_a_json_reply_cancels_the_upstream(
         gateway: RunningGateway, openai_upstream: FakeOpenAI) -> None:
     openai_upstream.behaviour.first_byte_delay_s = 5
