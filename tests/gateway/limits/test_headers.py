@@ -18,9 +18,11 @@ def test_durations_use_gos_format_like_openai(seconds: float, text: str) -> None
 
 
 def test_headers_describe_the_tightest_scope() -> None:
-    tenant = ScopeState(Scope("tenant", 100, 10_000), 10, 500, oldest_at=0.0)
-    key = ScopeState(Scope("key:ab", 20, None), 19, 500, oldest_at=30.0)
-    headers = rate_limit_headers([tenant, key], now=45.0)
+    tenant = ScopeState(Scope("tenant", 100, 10_000), 10, 500, requests_reset_s=15.0,
+                        tokens_reset_s=15.0)
+    key = ScopeState(Scope("key:ab", 20, None), 19, 500, requests_reset_s=45.0,
+                     tokens_reset_s=45.0)
+    headers = rate_limit_headers([tenant, key])
     assert headers == {
         "x-ratelimit-limit-requests": "20", "x-ratelimit-remaining-requests": "1",
         "x-ratelimit-reset-requests": "45s",
@@ -30,7 +32,7 @@ def test_headers_describe_the_tightest_scope() -> None:
 
 
 def test_a_limit_nobody_set_has_no_headers() -> None:
-    headers = rate_limit_headers([ScopeState(Scope("tenant", 5, None), 0, 0, None)], now=0)
+    headers = rate_limit_headers([ScopeState(Scope("tenant", 5, None), 0, 0, 0.0, 0.0)])
     assert set(headers) == {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                             "x-ratelimit-reset-requests"}
     assert headers["x-ratelimit-reset-requests"] == "0s"
