@@ -104,6 +104,17 @@ async def test_a_request_over_the_rpm_is_a_429_shaped_like_openais(limiter, poli
     assert error.headers["x-ratelimit-remaining-requests"] == "0"
 
 
+async def test_remaining_and_reset_follow_the_window_as_the_clock_moves(limiter, policy,
+                                                                      clock) -> None:
+    for _ in range(3):
+        await limiter.admit(policy, "acme", tokens=1)
+    clock.now += 70  # a sixth into the next window: the three weigh 2.5, counted as 2
+    ticket = await limiter.admit(policy, "acme", tokens=1)
+    assert ticket.headers["x-ratelimit-remaining-requests"] == "0"
+    # one more fits once they weigh 1.5 — half-way through this window
+    assert ticket.headers["x-ratelimit-reset-requests"] == "20s"
+
+
 async def test_a_request_over_the_tpm_names_tokens(limiter, policy) -> None:
     await limiter.admit(policy, "acme", tokens=900)
     with pytest.raises(TokensLimitExceeded) as caught:
