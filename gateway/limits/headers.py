@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable
 
 from gateway.limits.store import Rejection, ScopeState
+from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 
 def go_duration(seconds: float) -> str:
@@ -53,28 +54,29 @@ def _go_duration_ms(ms: int) -> str:
 
 def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
     """The six `x-ratelimit-*` headers (a trio is left out when no scope limits it)."""
-    requests: tuple[int, int, float] | None = None  # (limit, remaining, reset_s)
-    tokens: tuple[int, int, float] | None = None
+    # the tightest scope of each kind: (limit, remaining, its state)
+    requests: tuple[int, int, ScopeState] | None = None
+    tokens: tuple[int, int, ScopeState] | None = None
     for state in states:
         rpm, tpm = state.scope.requests_per_minute, state.scope.tokens_per_minute
         if rpm is not None:
             remaining = max(0, rpm - state.requests)
             if requests is None or remaining < requests[1]:
-                requests = (rpm, remaining, state.requests_reset_s)
+                requests = (rpm, remaining, state)
         if tpm is not None:
             remaining = max(0, tpm - state.tokens)
             if tokens is None or remaining < tokens[1]:
-                tokens = (tpm, remaining, state.tokens_reset_s)
+                tokens = (tpm, remaining, state)
     # Literal names, not f-strings over ("requests", "tokens"): built on every response.
     headers: dict[str, str] = {}
     if requests is not None:
         headers["x-ratelimit-limit-requests"] = str(requests[0])
         headers["x-ratelimit-remaining-requests"] = str(requests[1])
-        headers["x-ratelimit-reset-requests"] = go_duration(requests[2])
+        headers["x-ratelimit-reset-requests"] = go_duration(requests_reset_s(requests[2]))
     if tokens is not None:
         headers["x-ratelimit-limit-tokens"] = str(tokens[0])
         headers["x-ratelimit-remaining-tokens"] = str(tokens[1])
-        headers["x-ratelimit-reset-tokens"] = go_duration(tokens[2])
+        headers["x-ratelimit-reset-tokens"] = go_duration(tokens_reset_s(tokens[2]))
     return headers
 
 

@@ -221,8 +221,6 @@ class RedisStore:
             args += [_limit(scope.requests_per_minute), _limit(scope.tokens_per_minute)]
         keys = (_scope_keys(tenant, scopes) + _ledger_keys(tenant, self._periods.at(now))
                 + [self._receipts_key(tenant)])
-        pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
-                              handle=receipt)
         # Cancelled meanwhile (the client left), the caller cannot know whether Redis
         # admitted it: the call runs on in a task of its own, and what it admitted is
         # released (cutting it short would only leave that unknown, and drop the
@@ -231,9 +229,13 @@ class RedisStore:
         try:
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
+            pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                  handle=receipt)
             call.add_done_callback(partial(self._release_abandoned, pending))
             raise
         except StoreUnavailable as exc:
+            pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                  handle=receipt)
             raise AdmissionUnknown(str(exc), pending) from exc
         verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         which, spent_day, spent_month = int(reply[1]), int(reply[2]), int(reply[3])
@@ -248,7 +250,8 @@ class RedisStore:
         states = tuple([scope_state(scope, window, at)
                         for scope, window, at in zip(scopes, windows, elapsed, strict=True)])
         if verdict == "ok":
-            reservation = replace(pending, windows_ms=tuple([w.start_ms for w in windows]))
+            reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                      tuple([w.start_ms for w in windows]), receipt)
             return Decision(reservation, None, states, spent_day, spent_month)
         # the script's verdicts: "ok", the two budgets, "requests" or "tokens"
         kind: Literal["requests", "tokens"] = verdict  # type: ignore[assignment]
@@ -334,8 +337,8 @@ class RedisStore:
 
 def _windows(reply: list[Any], scopes: int) -> list[Window]:
     """Each scope's window as `admit.lua` left it (five integers a scope, after four)."""
-    return [Window(*(int(value) for value in reply[4 + 5 * i:9 + 5 * i]))
-            for i in range(scopes)]
+    return [Window(int(reply[i]), int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]),
+                   int(reply[i + 4])) for i in range(4, 4 + 5 * scopes, 5)]
 
 
 def _period(name: str, raw: dict[bytes, bytes]) -> PeriodUsage:

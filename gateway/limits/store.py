@@ -58,12 +58,14 @@ class ScopeState:
     """A scope right after the decision (what the headers report)."""
 
     scope: Scope
-    requests: int  # counted now (the previous window's weighted share rounded up)
+    requests: int  # counted now: the current window's, and the previous one's share
     tokens: int
-    # seconds until capacity next returns: one more request (token) than remains now
-    # would fit; 0 when nothing is counted
-    requests_reset_s: float
-    tokens_reset_s: float
+    # what they were counted from, for when capacity next returns (`window_counter`)
+    elapsed_ms: int  # into the current window
+    previous_requests: int
+    current_requests: int
+    previous_tokens: int
+    current_tokens: int
 
 
 @dataclass(slots=True)

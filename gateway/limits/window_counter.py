@@ -184,12 +184,22 @@ def rejection_of(kind: Literal["requests", "tokens"], scope: Scope, window: Wind
 
 
 def scope_state(scope: Scope, window: Window, elapsed_ms: int) -> ScopeState:
-    """What the headers report for one scope (resets only for the limits it has)."""
+    """What the headers report for one scope (a snapshot: the window changes on)."""
     w = window
-    rpm, tpm = scope.requests_per_minute, scope.tokens_per_minute
-    return ScopeState(
-        scope,
-        used(w.previous_requests, w.requests, elapsed_ms),
-        used(w.previous_tokens, w.tokens, elapsed_ms),
-        0.0 if rpm is None else reset_s(w.previous_requests, w.requests, elapsed_ms, rpm),
-        0.0 if tpm is None else reset_s(w.previous_tokens, w.tokens, elapsed_ms, tpm))
+    return ScopeState(scope, used(w.previous_requests, w.requests, elapsed_ms),
+                      used(w.previous_tokens, w.tokens, elapsed_ms), elapsed_ms,
+                      w.previous_requests, w.requests, w.previous_tokens, w.tokens)
+
+
+def requests_reset_s(state: ScopeState) -> float:
+    """When one more request than remains now would fit in this scope."""
+    assert state.scope.requests_per_minute is not None
+    return reset_s(state.previous_requests, state.current_requests, state.elapsed_ms,
+                   state.scope.requests_per_minute)
+
+
+def tokens_reset_s(state: ScopeState) -> float:
+    """When one more token than remains now would fit in this scope."""
+    assert state.scope.tokens_per_minute is not None
+    return reset_s(state.previous_tokens, state.current_tokens, state.elapsed_ms,
+                   state.scope.tokens_per_minute)

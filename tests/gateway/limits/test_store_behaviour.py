@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from gateway.limits.store import WINDOW_S, BudgetLimits, Charge, LimitStore, Scope
+from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 T0 = 1_764_400_000.0  # 2025-11-29 07:06:40 UTC, mid-day so no period boundary nearby
 NO_BUDGET = BudgetLimits()
@@ -149,8 +150,8 @@ async def test_states_report_usage_and_when_capacity_next_returns(store):
     assert (state.requests, state.tokens) == (2, 150)
     # 55 s until the window ends; then the two requests weigh 1.5 a quarter of the way
     # into the next, and the 150 tokens 149.5 after 1/300 of it
-    assert state.requests_reset_s == pytest.approx(55 + WINDOW_S / 4)
-    assert state.tokens_reset_s == pytest.approx(55 + WINDOW_S / 300)
+    assert requests_reset_s(state) == pytest.approx(55 + WINDOW_S / 4)
+    assert tokens_reset_s(state) == pytest.approx(55 + WINDOW_S / 300)
 
 
 async def test_the_ledger_counts_requests_tokens_and_spend_per_day_and_month(store):
