@@ -105,7 +105,9 @@ class _Variant:
                 await self.store.settle(decision.reservation, 80, Charge(50, 30, 10), self.now)
         else:
             assert self.log is not None
-            assert await self.log.admit("acme-log", SCOPES, 100, BUDGET, self.now, request_id)
+            logged, _ = await self.log.admit("acme-log", SCOPES, 100, BUDGET, self.now,
+                                             request_id)
+            assert logged.reservation is not None
             if settle:
                 await self.log.settle("acme-log", SCOPES, request_id, -20, Charge(50, 30, 10),
                                       self.now)
@@ -189,7 +191,8 @@ async def bench_redis_memory(url: str, seconds: int) -> dict[str, dict[str, floa
         sizes = {"scope": 0.0, "tenant": 0.0, "ledger": 0.0, "used_memory": used / len(SCOPES)}
         for key in sync.keys("*"):
             size = sync.memory_usage(key, samples=0) or 0
-            part = key.decode().split("}:", 1)[1]
+            key_name = key.decode() if isinstance(key, bytes) else key
+            part = key_name.split("}:", 1)[1]
             kind = ("scope" if part.startswith("w:") else
                     "ledger" if part.startswith("spend:") else "tenant")
             sizes[kind] += size / len(SCOPES) if kind == "scope" else size
