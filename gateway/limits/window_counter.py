@@ -173,11 +173,11 @@ def rejection_of(kind: Literal["requests", "tokens"], scope: Scope, window: Wind
     used, and when the request would fit."""
     w = window
     if kind == "requests":
-        limit, previous, current, need = scope.requests_per_minute, w.previous_requests, \
-            w.requests, 1
+        limit, need = scope.requests_per_minute, 1
+        previous, current = w.previous_requests, w.requests
     else:
-        limit, previous, current, need = scope.tokens_per_minute, w.previous_tokens, \
-            w.tokens, tokens
+        limit, need = scope.tokens_per_minute, tokens
+        previous, current = w.previous_tokens, w.tokens
     assert limit is not None  # only a scope with that limit refuses by it
     return Rejection(kind, scope, limit, used(previous, current, elapsed_ms), need,
                      retry_after_s(previous, current, elapsed_ms, need, limit))
