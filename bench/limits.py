@@ -1,12 +1,20 @@
-"""Admission cost: the memory store in-process, and Redis (round trips and commands).
+"""Admission cost and Redis memory of the limit state: the window counter the stores
+use now, side by side with the sliding-window log they used before (its scripts are
+kept in bench/ as the reference, `sliding_window_log.py`; no part of the product).
 
-Prints, side by side in one run:
+Prints, in one run:
   - memory: µs per admission (synchronous core, and through the async interface);
-  - redis:  µs per admission over loopback, and the commands Redis saw per
-            admission (`INFO commandstats`: EVALSHA calls, plus the commands the
-            script ran inside that one call);
+  - redis:  µs per admission over loopback, counter and log in alternated rounds
+            (each at a steady 100 admissions/s of simulated time, a full window of
+            them first, so the log holds a window's entries), the time Redis itself
+            spent per EVALSHA, and the commands Redis saw per admission (`INFO
+            commandstats`: EVALSHA calls, plus the commands the script ran inside);
   - redis through `Limiter.admit`, rounds alternated with the store called
-            directly: what the limiter adds (its scopes and the response headers).
+            directly: what the limiter adds (its scopes and the response headers);
+  - the Redis memory one tenant's limit state holds at a steady 100 admissions/s,
+            each settled, once everything is at its steady size (130 s simulated):
+            per scope, per tenant (the log's settled ids; the counter's receipts), the
+            ledger, and INFO's used_memory over the run; log and counter alike.
 
     .venv/bin/python bench/limits.py [--n 20000]
 """
@@ -27,9 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.limits.limiter import Limiter
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisStore, connect
-from gateway.limits.store import WINDOW_S, BudgetLimits, Charge, Scope
+from gateway.limits.store import BudgetLimits, Charge, Scope
 from policies.load import loads
 from tests.redis_server import RedisServer, find_redis_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sliding_window_log import SlidingWindowLog
 
 # A tenant scope and a per-key scope, both with RPM and TPM, and a daily budget:
 # the full work of one admission. Limits are high so every call is admitted.
@@ -67,22 +78,78 @@ async def bench_memory_async(n: int) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
-async def bench_redis(url: str, n: int) -> tuple[float, float, float]:
-    store = RedisStore(connect(url))
+RATE = 100  # admissions per second of simulated time, in the Redis runs
+T0 = 1_764_400_000.0  # 2025-11-29 07:06:40 UTC (the reference's ledger period)
+
+
+class _Variant:
+    """One of the two Redis stores, admitting at RATE a second of its own clock."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.now = T0
+        self.count = 0
+        if name == "counter":
+            self.store: RedisStore | None = RedisStore(connect(url))
+            self.log: SlidingWindowLog | None = None
+        else:
+            self.store, self.log = None, SlidingWindowLog(connect(url))
+
+    async def admit(self, settle: bool = False) -> None:
+        self.count += 1
+        request_id = f"{self.name}-{self.count}"
+        if self.store is not None:
+            decision = await self.store.admit("acme", SCOPES, 100, BUDGET, self.now, request_id)
+            assert decision.reservation is not None
+            if settle:
+                await self.store.settle(decision.reservation, 80, Charge(50, 30, 10), self.now)
+        else:
+            assert self.log is not None
+            logged, _ = await self.log.admit("acme-log", SCOPES, 100, BUDGET, self.now,
+                                             request_id)
+            assert logged.reservation is not None
+            if settle:
+                await self.log.settle("acme-log", SCOPES, request_id, -20, Charge(50, 30, 10),
+                                      self.now)
+        self.now += 1.0 / RATE
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.aclose()
+        else:
+            assert self.log is not None
+            await self.log.client.aclose()
+
+
+async def bench_redis(url: str, n: int, rounds: int = 12) -> dict[str, tuple[float, float, float]]:
+    """Per store: (µs per admission, best of alternated rounds; µs Redis spent per
+    EVALSHA; commands inside the script per admission)."""
     sync = redis.Redis.from_url(url)
-    now = 1_764_400_000.0
-    await store.admit("acme", SCOPES, 100, BUDGET, now, "warm-up")
-    sync.config_resetstat()
-    started = time.perf_counter()
-    for i in range(n):
-        await store.admit("acme", SCOPES, 100, BUDGET, now + i * 1e-3, str(i))
-    elapsed = time.perf_counter() - started
-    stats = {k.removeprefix("cmdstat_"): v["calls"]
-             for k, v in sync.info("commandstats").items()}
-    await store.aclose()
-    evalsha = stats.pop("evalsha", 0)
-    inside = sum(calls for name, calls in stats.items() if name not in ("info", "config"))
-    return elapsed / n * 1e6, evalsha / n, inside / n
+    sync.flushall()
+    variants = [_Variant("counter", url), _Variant("log", url)]
+    for variant in variants:  # a window's worth first: the log at its steady size
+        for _ in range(int(RATE * 60)):
+            await variant.admit()
+    timings: dict[str, list[float]] = {v.name: [] for v in variants}
+    for _ in range(rounds):
+        for variant in variants:
+            started = time.perf_counter()
+            for _ in range(n):
+                await variant.admit()
+            timings[variant.name].append((time.perf_counter() - started) / n * 1e6)
+    results = {}
+    for variant in variants:
+        sync.config_resetstat()
+        for _ in range(n):
+            await variant.admit()
+        stats = sync.info("commandstats")
+        evalsha = stats.pop("cmdstat_evalsha")
+        inside = sum(value["calls"] for name, value in stats.items()
+                     if name not in ("cmdstat_info", "cmdstat_config"))
+        results[variant.name] = (min(timings[variant.name]), float(evalsha["usec_per_call"]),
+                                 inside / evalsha["calls"])
+        await variant.aclose()
+    return results
 
 
 async def bench_redis_limiter(url: str, n: int, rounds: int = 6) -> tuple[float, float]:
@@ -107,26 +174,30 @@ async def bench_redis_limiter(url: str, n: int, rounds: int = 6) -> tuple[float,
     return min(through), min(direct)
 
 
-async def bench_redis_memory(url: str, rate: int, seconds: int) -> tuple[float, float]:
-    """Redis memory a tenant's limit state holds at a steady `rate` admissions/s once the
-    window is full: (bytes per scope, bytes per admitted request per scope). Time is
-    simulated (`now` advances 1/rate per admission), so a minute of traffic takes as
-    long as `rate * seconds` admissions and settlements do."""
-    store = RedisStore(connect(url))
+async def bench_redis_memory(url: str, seconds: int) -> dict[str, dict[str, float]]:
+    """Per store, bytes Redis holds for one tenant (two scopes) at RATE admissions/s,
+    each settled, after `seconds` of simulated time: per scope, per tenant (settled ids
+    or receipts), ledger, and INFO used_memory over the run."""
     sync = redis.Redis.from_url(url)
-    sync.flushall()
-    before = int(sync.info("memory")["used_memory"])
-    now = 1_764_400_000.0
-    for i in range(rate * seconds):
-        decision = await store.admit("acme", SCOPES, 100, BUDGET, now, f"m{i}")
-        if decision.reservation is not None:
-            await store.settle(decision.reservation, 80, Charge(50, 30, 10), now)
-        now += 1.0 / rate
-    used = int(sync.info("memory")["used_memory"]) - before
-    await store.aclose()
-    in_window = rate * min(seconds, WINDOW_S)
-    per_scope = used / len(SCOPES)
-    return per_scope, per_scope / in_window
+    results = {}
+    for name in ("log", "counter"):
+        sync.flushall()
+        before = int(sync.info("memory")["used_memory"])
+        variant = _Variant(name, url)
+        for _ in range(RATE * seconds):
+            await variant.admit(settle=True)
+        used = int(sync.info("memory")["used_memory"]) - before
+        await variant.aclose()
+        sizes = {"scope": 0.0, "tenant": 0.0, "ledger": 0.0, "used_memory": used / len(SCOPES)}
+        for key in sync.keys("*"):
+            size = sync.memory_usage(key, samples=0) or 0
+            key_name = key.decode() if isinstance(key, bytes) else key
+            part = key_name.split("}:", 1)[1]
+            kind = ("scope" if part.startswith("w:") else
+                    "ledger" if part.startswith("spend:") else "tenant")
+            sizes[kind] += size / len(SCOPES) if kind == "scope" else size
+        results[name] = sizes
+    return results
 
 
 def main() -> int:
@@ -148,21 +219,32 @@ def main() -> int:
         server.start()
         try:
             redis_n = max(1000, n // 4)
-            redis_us, evalsha, inside = asyncio.run(bench_redis(server.url, redis_n))
+            admissions = asyncio.run(bench_redis(server.url, redis_n // 2))
             limiter_us, direct_us = asyncio.run(bench_redis_limiter(server.url, redis_n // 6))
-            scope_bytes, request_bytes = asyncio.run(bench_redis_memory(server.url, 100, 70))
+            memory = asyncio.run(bench_redis_memory(server.url, 130))
         finally:
             server.stop()
-    print(f"redis   admission (loopback, same work):       {redis_us:6.1f} µs, "
-          f"{evalsha:.2f} client command (EVALSHA) per admission (target 1), "
-          f"{inside:.1f} commands inside the script")
-    print(f"ratio   redis / memory: {redis_us / async_us:.0f}×")
+    counter_us, counter_server_us, counter_inside = admissions["counter"]
+    log_us, log_server_us, log_inside = admissions["log"]
+    print(f"redis   admission (loopback, same work, {RATE}/s): window counter "
+          f"{counter_us:6.1f} µs, sliding-window log {log_us:6.1f} µs "
+          f"(alternated rounds, best of each): {counter_us / log_us:.2f}×")
+    print(f"redis   time in Redis per admission (EVALSHA usec_per_call): counter "
+          f"{counter_server_us:.1f} µs, log {log_server_us:.1f} µs; commands inside the "
+          f"script: counter {counter_inside:.1f}, log {log_inside:.1f}; 1 EVALSHA each")
+    print(f"ratio   redis / memory: {counter_us / async_us:.0f}×")
     print(f"limiter redis admission through Limiter.admit: {limiter_us:6.1f} µs, the store "
           f"directly {direct_us:6.1f} µs (alternated rounds, best of each): "
           f"+{limiter_us - direct_us:.1f} µs, {limiter_us / direct_us:.3f}×")
-    print(f"memory  Redis per scope at a steady 100 admissions/s (window full, settled): "
-          f"{scope_bytes / 1024:.0f} KiB, {request_bytes:.0f} bytes per request in the "
-          f"window (settled ids included: they are per tenant)")
+    print(f"memory  Redis for one tenant with two scopes at a steady {RATE} admissions/s, each "
+          "settled, after 130 s (bytes, MEMORY USAGE per key):")
+    print(f"{'':8}{'':34}{'sliding-window log':>20}{'window counter':>16}")
+    rows = (("per scope (its window)", "scope"),
+            ("per tenant (settled ids / receipts)", "tenant"),
+            ("per tenant (day and month ledger)", "ledger"),
+            ("used_memory over the run, per scope", "used_memory"))
+    for label, kind in rows:
+        print(f"{'':8}{label:34}{memory['log'][kind]:>20,.0f}{memory['counter'][kind]:>16,.0f}")
     return 0
 
 

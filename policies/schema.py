@@ -156,9 +156,11 @@ class Compliance(FileModel):
 
 class Limits(FileModel):
     requests_per_minute: PositiveInt | None = None
-    """Requests admitted in any 60 s; none: unlimited."""
+    """Requests admitted per minute (a sliding-window counter: exactly this many in a burst
+    from idle, at most twice as many in any 60 s; docs/limits.md); none: unlimited."""
     tokens_per_minute: PositiveInt | None = None
-    """Prompt plus expected completion tokens admitted in any 60 s; none: unlimited."""
+    """Prompt plus expected completion tokens admitted per minute, counted as requests
+    are; none: unlimited."""
 
 
 class Budget(FileModel):

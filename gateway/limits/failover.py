@@ -35,7 +35,7 @@ from typing import Literal
 
 from gateway.limits.ledger import PeriodCache
 from gateway.limits.memory import MemoryStore
-from gateway.limits.redis_store import RedisStore
+from gateway.limits.redis_store import AdmissionUnknown, RedisStore
 from gateway.limits.store import (
     BudgetLimits,
     Charge,
@@ -106,11 +106,11 @@ class FailoverStore:
                                                     request_id)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
-                # Redis may have admitted it before the call failed; decided here, the
-                # request never settles there: give its tokens back once Redis answers.
-                self._defer(_Deferred(Reservation(request_id, tenant, tuple(scopes), tokens,
-                                                  now, "redis"), 0, Charge(), now,
-                                      release=True))
+                if isinstance(exc, AdmissionUnknown):
+                    # Redis may have admitted it before the call failed; decided here, the
+                    # request never settles there: its tokens go back once Redis answers
+                    # (if its receipt shows Redis admitted it).
+                    self._defer(_Deferred(exc.reservation, 0, Charge(), now, release=True))
             else:
                 self._learnt(tenant, decision, now)
                 return decision
@@ -173,7 +173,8 @@ class FailoverStore:
         if reservation.store == "fallback":
             await self.fallback.settle(reservation, actual_tokens, charge, now)
             # its spend belongs in the shared ledger too; no Redis window holds it
-            self._defer(_Deferred(replace(reservation, scopes=()), actual_tokens, charge, now))
+            self._defer(_Deferred(self.primary.spend_only(reservation), actual_tokens, charge,
+                                  now))
             return
         if self.healthy:
             try:

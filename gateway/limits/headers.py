@@ -6,8 +6,10 @@ OpenAI sends, on every response:
   x-ratelimit-reset-requests: 1s          x-ratelimit-reset-tokens: 6m0s
 Durations use Go's format (`120ms`, `1.5s`, `6m0s`, `1h0m0s`). With several
 scopes (tenant, key, route) the headers describe the tightest one: the scope
-with the fewest remaining. "reset" is when capacity next returns: the moment
-the oldest entry of that scope's sliding window leaves it.
+with the fewest remaining. "remaining" is how many more requests (tokens) would
+be admitted now, and "reset" when capacity next returns: the time until one more
+than remains would fit, if nothing more were admitted meanwhile (the window
+counter's weights falling; `window_counter.reset_s`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gateway.limits.store import WINDOW_S, Rejection, ScopeState
+from gateway.limits.store import Rejection, ScopeState
+from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 
 def go_duration(seconds: float) -> str:
@@ -23,7 +26,7 @@ def go_duration(seconds: float) -> str:
     ms = max(0, math.ceil(seconds * 1000 - 1e-6))
     text = _GO_DURATIONS.get(ms)
     if text is None:
-        if len(_GO_DURATIONS) >= 4096:  # a 60 s window has 60,000 distinct values
+        if len(_GO_DURATIONS) >= 4096:  # resets span up to 120,000 distinct values
             _GO_DURATIONS.clear()
         text = _GO_DURATIONS[ms] = _go_duration_ms(ms)
     return text
@@ -49,34 +52,31 @@ def _go_duration_ms(ms: int) -> str:
     return f"{secs}s"
 
 
-def _reset_s(state: ScopeState, now: float) -> float:
-    return 0.0 if state.oldest_at is None else max(0.0, state.oldest_at + WINDOW_S - now)
-
-
-def rate_limit_headers(states: Iterable[ScopeState], now: float) -> dict[str, str]:
+def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
     """The six `x-ratelimit-*` headers (a trio is left out when no scope limits it)."""
-    requests: tuple[int, int, float] | None = None  # (limit, remaining, reset_s)
-    tokens: tuple[int, int, float] | None = None
+    # the tightest scope of each kind: (limit, remaining, its state)
+    requests: tuple[int, int, ScopeState] | None = None
+    tokens: tuple[int, int, ScopeState] | None = None
     for state in states:
         rpm, tpm = state.scope.requests_per_minute, state.scope.tokens_per_minute
         if rpm is not None:
             remaining = max(0, rpm - state.requests)
             if requests is None or remaining < requests[1]:
-                requests = (rpm, remaining, _reset_s(state, now))
+                requests = (rpm, remaining, state)
         if tpm is not None:
             remaining = max(0, tpm - state.tokens)
             if tokens is None or remaining < tokens[1]:
-                tokens = (tpm, remaining, _reset_s(state, now))
+                tokens = (tpm, remaining, state)
     # Literal names, not f-strings over ("requests", "tokens"): built on every response.
     headers: dict[str, str] = {}
     if requests is not None:
         headers["x-ratelimit-limit-requests"] = str(requests[0])
         headers["x-ratelimit-remaining-requests"] = str(requests[1])
-        headers["x-ratelimit-reset-requests"] = go_duration(requests[2])
+        headers["x-ratelimit-reset-requests"] = go_duration(requests_reset_s(requests[2]))
     if tokens is not None:
         headers["x-ratelimit-limit-tokens"] = str(tokens[0])
         headers["x-ratelimit-remaining-tokens"] = str(tokens[1])
-        headers["x-ratelimit-reset-tokens"] = go_duration(tokens[2])
+        headers["x-ratelimit-reset-tokens"] = go_duration(tokens_reset_s(tokens[2]))
     return headers
 
 

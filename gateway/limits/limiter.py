@@ -165,7 +165,7 @@ class Limiter:
             raise LimitStoreUnavailable(
                 "Rate limits cannot be checked right now (the limit store is unavailable); "
                 "retry shortly.", headers=retry_headers(1.0)) from exc
-        headers = rate_limit_headers(decision.states, now)
+        headers = rate_limit_headers(decision.states)
         if decision.rejection is not None:
             raise self._rejected(decision.rejection, tenant, budget, headers, now)
         assert decision.reservation is not None

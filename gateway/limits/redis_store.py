@@ -3,11 +3,20 @@
 Each admission is one EVALSHA of `admit.lua` (redis-py's `Script` reloads it on
 NOSCRIPT, e.g. after a Redis restart), each settlement one EVALSHA of
 `settle.lua`, and the rare release of a request that never ran one of
-`release.lua`. Every key of one tenant carries the hash tag `{tenant}`, so the
-multi-key scripts also run on Redis Cluster (all keys land in one slot).
-Window keys expire a minute after their last write and ledger keys after their
-period, so idle tenants cost nothing. A settlement runs once per reservation id:
-one replayed after a lost reply is recognised (settled ids are kept 2 minutes).
+`release.lua`; `window.lua`, the sliding-window counter they share, is prepended to
+each. A scope is one small hash of five integers (`window_counter.py`), so a tenant's
+limit state is the same size at any traffic. Every key of one tenant carries the hash
+tag `{tenant}`, so the multi-key scripts also run on Redis Cluster (all keys land in
+one slot). Window keys expire two windows after their last write (nothing of them
+weighs by then) and ledger keys after their period, so idle tenants cost nothing.
+
+Settlements and releases run once per reservation: each gateway process numbers its
+admissions, and the tenant's receipts for that process (a string of `RECEIPT_SLOTS`
+16-bit slots, the same size whatever the traffic) say which were admitted and which are
+settled or released, so one replayed after a lost reply changes nothing. A replay is
+recognised while its slot is not reused, i.e. until the process has reserved
+`RECEIPT_SLOTS` more numbers — far more than can be in flight when a reply is lost — and
+for `RECEIPTS_TTL_MS` after the receipts' last write.
 
 Time is the caller's `now`, sent as an argument: replicas need synchronised
 clocks (NTP), and a few milliseconds of skew only shift a 60 s window by as
@@ -20,11 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from importlib.resources import files
-from typing import Any
+from random import getrandbits
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -41,36 +53,46 @@ from gateway.limits.redis_topology import (
     connect_sentinel,
 )
 from gateway.limits.store import (
-    WINDOW_S,
     BudgetLimits,
     Charge,
     Decision,
-    LimitKind,
     PeriodUsage,
     Rejection,
     Reservation,
     Scope,
-    ScopeState,
     StoreName,
     StoreUnavailable,
     TenantUsage,
 )
+from gateway.limits.window_counter import (
+    WINDOW_MS,
+    Window,
+    counted_in_ms,
+    rejection_of,
+    scope_state,
+    to_ms,
+)
 
 log = logging.getLogger("routegate.limits")
 
-WINDOW_MS = int(WINDOW_S * 1000)
-SCOPE_TTL_MS = 2 * WINDOW_MS  # a window key outlives its newest entry by a minute
+# A window key outlives its last write by two windows: by then nothing it counted weighs.
+SCOPE_TTL_MS = 2 * WINDOW_MS
 DAY_TTL_MS = 2 * 86_400_000  # the day's counters outlive the day, for late reads
 MONTH_TTL_MS = 62 * 86_400_000
-# How long a settled id is remembered, so that a replay of its settlement is a no-op. A
-# replay follows a lost reply once the failover probe sees Redis answer: seconds when
-# Redis was only slow, a restart's time when it went down right after. Each id costs
-# Redis ~115 bytes for this long (a 60 s window costs ~215 bytes a request per scope).
-SETTLED_TTL_MS = 2 * 60_000
+# How long receipts outlive their last write, so that a replayed settlement is a no-op.
+# A replay follows a lost reply once the failover probe sees Redis answer: seconds when
+# Redis was only slow, a restart's time when it went down right after.
+RECEIPTS_TTL_MS = 2 * 60_000
+# Receipt slots per tenant and gateway process (2 bytes each): a replay is recognised
+# until the process has numbered this many more admissions.
+RECEIPT_SLOTS = 256
 
 
 def _script(name: str) -> str:
-    return files("gateway.limits").joinpath(name).read_text(encoding="utf-8")
+    """A script with the window functions it shares with the others before it."""
+    package = files("gateway.limits")
+    return (package.joinpath("window.lua").read_text(encoding="utf-8")
+            + package.joinpath(name).read_text(encoding="utf-8"))
 
 
 RedisClient = aioredis.Redis | RedisCluster
@@ -99,27 +121,31 @@ def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 1
 
 
 def _scope_keys(tenant: str, scopes: Sequence[Scope]) -> list[str]:
-    keys = []
-    for scope in scopes:
-        keys.append(f"rg:{{{tenant}}}:w:{scope.key}:log")
-        keys.append(f"rg:{{{tenant}}}:w:{scope.key}:tok")
-    return keys
+    return [f"rg:{{{tenant}}}:w:{scope.key}" for scope in scopes]
 
 
 def _ledger_keys(tenant: str, periods: Periods) -> list[str]:
     return [f"rg:{{{tenant}}}:spend:d:{periods.day}", f"rg:{{{tenant}}}:spend:m:{periods.month}"]
 
 
-def _settled_key(tenant: str) -> str:
-    return f"rg:{{{tenant}}}:settled"
-
-
 def _limit(value: int | None) -> int:
     return -1 if value is None else value
 
 
-def _seconds(ms: int) -> float | None:
-    return None if ms < 0 else ms / 1000.0
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A reservation's number among this process's (`Reservation.handle`)."""
+
+    number: int
+
+
+class AdmissionUnknown(StoreUnavailable):
+    """The admission's call failed: Redis may have admitted it all the same (a reply
+    lost to a timeout). `reservation` is what it would have admitted, for a release."""
+
+    def __init__(self, message: str, reservation: Reservation) -> None:
+        super().__init__(message)
+        self.reservation = reservation
 
 
 class RedisStore:
@@ -139,6 +165,10 @@ class RedisStore:
         self._release = client.register_script(_script("release.lua"))
         self._periods = PeriodCache()
         self._releases: set[asyncio.Task[None]] = set()  # held so they are not collected
+        # this process's receipts in each tenant's keys (random: replicas and workers
+        # never share one), and the number of its next reservation
+        self._process = f"{getrandbits(64):016x}"
+        self._numbers = itertools.count(1)
 
     async def _call(self, coro: Any) -> Any:
         if self._in_flight is not None:  # a cluster: the wait for a turn is not Redis's
@@ -182,13 +212,15 @@ class RedisStore:
 
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
-        now_ms = int(now * 1000)
-        args: list[int | str] = [now_ms, WINDOW_MS, request_id, tokens,
+        now_ms = to_ms(now)
+        receipt = Receipt(next(self._numbers))
+        args: list[int | str] = [now_ms, WINDOW_MS, SCOPE_TTL_MS, RECEIPTS_TTL_MS,
+                                 RECEIPT_SLOTS, receipt.number, tokens,
                                  _limit(budget.day_micros), _limit(budget.month_micros)]
         for scope in scopes:
             args += [_limit(scope.requests_per_minute), _limit(scope.tokens_per_minute)]
-        args.append(SCOPE_TTL_MS)
-        keys = _scope_keys(tenant, scopes) + _ledger_keys(tenant, self._periods.at(now))
+        keys = (_scope_keys(tenant, scopes) + _ledger_keys(tenant, self._periods.at(now))
+                + [self._receipts_key(tenant)])
         # Cancelled meanwhile (the client left), the caller cannot know whether Redis
         # admitted it: the call runs on in a task of its own, and what it admitted is
         # released (cutting it short would only leave that unknown, and drop the
@@ -197,59 +229,95 @@ class RedisStore:
         try:
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
-            abandoned = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name)
-            call.add_done_callback(partial(self._release_abandoned, abandoned))
+            pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                  handle=receipt)
+            call.add_done_callback(partial(self._release_abandoned, pending))
             raise
+        except StoreUnavailable as exc:
+            pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                  handle=receipt)
+            raise AdmissionUnknown(str(exc), pending) from exc
         verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        which, limit, used, requested, retry_ms, spent_day, spent_month = (
-            int(value) for value in reply[1:8])
-        states = tuple(
-            ScopeState(scope, int(reply[8 + 3 * i]), int(reply[9 + 3 * i]),
-                       _seconds(int(reply[10 + 3 * i])))
-            for i, scope in enumerate(scopes)
-        ) if len(reply) > 8 else ()
+        which, spent_day, spent_month = int(reply[1]), int(reply[2]), int(reply[3])
+        if verdict in ("budget_day", "budget_month"):
+            daily = verdict == "budget_day"
+            rejection = Rejection("budget_day" if daily else "budget_month", None,
+                                  _limit(budget.day_micros if daily else budget.month_micros),
+                                  spent_day if daily else spent_month, 0, None)
+            return Decision(None, rejection, (), spent_day, spent_month)
+        windows = _windows(reply, len(scopes))
+        elapsed = [window.roll(now_ms) for window in windows]  # as far as the script rolled
+        states = tuple([scope_state(scope, window, at)
+                        for scope, window, at in zip(scopes, windows, elapsed, strict=True)])
         if verdict == "ok":
-            reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name)
+            reservation = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
+                                      tuple([w.start_ms for w in windows]), receipt)
             return Decision(reservation, None, states, spent_day, spent_month)
-        kind: LimitKind = verdict  # type: ignore[assignment]  # the script's verdicts
-        rejected_scope = scopes[which - 1] if which > 0 else None
-        rejection = Rejection(kind, rejected_scope, limit, used, requested, _seconds(retry_ms))
-        return Decision(None, rejection, states, spent_day, spent_month)
+        # the script's verdicts: "ok", the two budgets, "requests" or "tokens"
+        kind: Literal["requests", "tokens"] = verdict  # type: ignore[assignment]
+        i = which - 1
+        return Decision(None, rejection_of(kind, scopes[i], windows[i], elapsed[i], tokens),
+                        states, spent_day, spent_month)
+
+    def _receipts_key(self, tenant: str) -> str:
+        return f"rg:{{{tenant}}}:receipts:{self._process}"
 
     def _release_abandoned(self, reservation: Reservation, call: asyncio.Future[Any]) -> None:
         """An admission whose caller was cancelled meanwhile has ended: give back what
         it admitted."""
         if call.cancelled() or call.exception() is not None:
             return
-        if call.result()[0] not in (b"ok", "ok"):
+        reply = call.result()
+        if reply[0] not in (b"ok", "ok"):
             return
-        release = asyncio.ensure_future(self._release_quietly(reservation))
+        counted_in = tuple([w.start_ms for w in _windows(reply, len(reservation.scopes))])
+        release = asyncio.ensure_future(self._release_quietly(
+            replace(reservation, windows_ms=counted_in)))
         self._releases.add(release)
         release.add_done_callback(self._releases.discard)
 
     async def _release_quietly(self, reservation: Reservation) -> None:
         try:
             await self.release(reservation, reservation.admitted_at)
-        except StoreUnavailable as exc:  # its window entry ages out within a minute
+        except StoreUnavailable as exc:  # its tokens stop weighing within two windows
             log.warning("could not release an abandoned admission: %s", exc)
+
+    def _receipt(self, reservation: Reservation) -> Receipt:
+        """Its number (one this store never gave it gets a number now: the settlement
+        counts, but a replay of it would count again)."""
+        handle = reservation.handle
+        return handle if isinstance(handle, Receipt) else Receipt(next(self._numbers))
+
+    def spend_only(self, reservation: Reservation) -> Reservation:
+        """A reservation another store admitted, as one whose settlement adds only to this
+        ledger (no window here counted it), numbered so that a replay is recognised."""
+        return replace(reservation, scopes=(), windows_ms=(), store=self.name,
+                       handle=Receipt(next(self._numbers)))
 
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
-        keys = (_scope_keys(reservation.tenant, reservation.scopes)
-                + _ledger_keys(reservation.tenant, self._periods.at(now))
-                + [_settled_key(reservation.tenant)])
+        tenant = reservation.tenant
+        keys = (_scope_keys(tenant, reservation.scopes)
+                + _ledger_keys(tenant, self._periods.at(now)) + [self._receipts_key(tenant)])
         args: list[int | str] = [
-            int(now * 1000), WINDOW_MS, reservation.id, actual_tokens - reservation.tokens,
+            to_ms(now), WINDOW_MS, SCOPE_TTL_MS, RECEIPTS_TTL_MS, RECEIPT_SLOTS,
+            self._receipt(reservation).number, actual_tokens - reservation.tokens,
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
-            SCOPE_TTL_MS, DAY_TTL_MS, MONTH_TTL_MS, SETTLED_TTL_MS]
+            DAY_TTL_MS, MONTH_TTL_MS, *counted_in_ms(reservation)]
         await self._call(self._settle(keys=keys, args=args))
 
     async def release(self, reservation: Reservation, now: float) -> None:
         """An admitted request that will never run: its tokens leave the windows, it
         stays counted as a request, and the ledger is untouched. Repeating it (or
         releasing what Redis never admitted) changes nothing."""
-        keys = _scope_keys(reservation.tenant, reservation.scopes)
-        await self._call(self._release(keys=keys, args=[reservation.id]))
+        if not isinstance(reservation.handle, Receipt):
+            return  # never numbered here, so never admitted here
+        tenant = reservation.tenant
+        keys = [*_scope_keys(tenant, reservation.scopes), self._receipts_key(tenant)]
+        args: list[int | str] = [
+            to_ms(now), WINDOW_MS, SCOPE_TTL_MS, RECEIPTS_TTL_MS, RECEIPT_SLOTS,
+            reservation.handle.number, reservation.tokens, *counted_in_ms(reservation)]
+        await self._call(self._release(keys=keys, args=args))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         periods = self._periods.at(now)
@@ -265,6 +333,12 @@ class RedisStore:
             await self.client.aclose()
         else:
             await self.client.aclose(close_connection_pool=True)
+
+
+def _windows(reply: list[Any], scopes: int) -> list[Window]:
+    """Each scope's window as `admit.lua` left it (five integers a scope, after four)."""
+    return [Window(int(reply[i]), int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]),
+                   int(reply[i + 4])) for i in range(4, 4 + 5 * scopes, 5)]
 
 
 def _period(name: str, raw: dict[bytes, bytes]) -> PeriodUsage:

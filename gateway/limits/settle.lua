@@ -1,53 +1,44 @@
--- Reconcile one reservation with its actual usage and add it to the spend ledger,
--- once: a settlement replayed because its reply was lost (a timeout after Redis ran
--- it) finds its id among the settled ones and changes nothing. Returns 1, or 0 for
--- such a replay.
--- KEYS: as admit.lua (scope log/tokens pairs, then day and month ledger hashes), then
---       the tenant's settled ids (zset: id -> settled at, ms).
--- ARGV: now_ms, window_ms, id, delta_tokens, input_tokens, output_tokens, cost_micros,
---       scope_ttl_ms, day_ttl_ms, month_ttl_ms, settled_ttl_ms.
-local now = tonumber(ARGV[1])
-local cutoff = now - tonumber(ARGV[2])
-local id = ARGV[3]
-local delta = tonumber(ARGV[4])
-local n = (#KEYS - 3) / 2
-local scope_ttl = tonumber(ARGV[8])
+-- Reconcile one reservation with its actual usage and add it to the spend ledger, once
+-- (after window.lua): a settlement replayed because its reply was lost (a timeout
+-- after Redis ran it) finds its receipt marked and changes nothing. Returns 1, or 0
+-- for such a replay. Without scopes it only adds to the ledger (the spend of a request
+-- decided locally while Redis was down).
+-- KEYS: one window hash per scope, the tenant's day and month ledger hashes, then this
+--       gateway's receipts for the tenant (as admit.lua).
+-- ARGV: now_ms, window_ms, scope_ttl_ms, receipts_ttl_ms, receipt_slots, receipt number,
+--       delta_tokens (actual - estimate), input_tokens, output_tokens, cost_micros,
+--       day_ttl_ms, month_ttl_ms, then per scope: the start of the window that counted
+--       the reservation (or its admission time, ms).
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local scope_ttl, receipts_ttl, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local number, delta = tonumber(ARGV[6]), tonumber(ARGV[7])
+local n = #KEYS - 3
 
-local settled, settled_ttl = KEYS[2 * n + 3], tonumber(ARGV[11])
-if redis.call('ZADD', settled, 'NX', now, id) == 0 then
+local receipts = KEYS[n + 3]
+local slot, tag = receipt_slot(number, slots)
+if redis.call('BITFIELD', receipts, 'GET', 'u16', slot)[1] == tag + 32768 then
   return 0
 end
-redis.call('ZREMRANGEBYSCORE', settled, '-inf', now - settled_ttl)
-redis.call('PEXPIRE', settled, settled_ttl)
+-- marked whatever the slot held: an admission receipt, or nothing (it was decided
+-- locally, or the slot went to a later reservation: then only a replay goes unnoticed)
+redis.call('BITFIELD', receipts, 'SET', 'u16', slot, tag + 32768)
+redis.call('PEXPIRE', receipts, receipts_ttl)
 
-for i = 1, n do
-  local log, tok = KEYS[2 * i - 1], KEYS[2 * i]
-  local score = redis.call('ZSCORE', log, id)
-  if score and tonumber(score) > cutoff then
-    if delta ~= 0 then
-      redis.call('HINCRBY', tok, id, delta)
-      redis.call('HINCRBY', tok, '_total', delta)
+if delta ~= 0 then
+  for i = 1, n do
+    local w = load_window(KEYS[i], now, window)
+    if reconcile(w, tonumber(ARGV[12 + i]), delta, window) then
+      save_window(KEYS[i], w, scope_ttl)
     end
-  elseif delta > 0 then
-    -- the entry aged out before the usage was known: charge the extra now, as tokens
-    -- only ("_late" keeps it out of the request count; see admit.lua)
-    local late = id .. ':late'
-    if redis.call('ZADD', log, now, late) == 1 then
-      redis.call('HINCRBY', tok, '_late', 1)
-    end
-    redis.call('HINCRBY', tok, late, delta)
-    redis.call('HINCRBY', tok, '_total', delta)
-    redis.call('PEXPIRE', log, scope_ttl)
-    redis.call('PEXPIRE', tok, scope_ttl)
   end
 end
 
-local periods = {{KEYS[2 * n + 1], tonumber(ARGV[9])}, {KEYS[2 * n + 2], tonumber(ARGV[10])}}
+local periods = {{KEYS[n + 1], tonumber(ARGV[11])}, {KEYS[n + 2], tonumber(ARGV[12])}}
 for _, period in ipairs(periods) do
   redis.call('HINCRBY', period[1], 'requests', 1)
-  redis.call('HINCRBY', period[1], 'input_tokens', ARGV[5])
-  redis.call('HINCRBY', period[1], 'output_tokens', ARGV[6])
-  redis.call('HINCRBY', period[1], 'spend_micros', ARGV[7])
+  redis.call('HINCRBY', period[1], 'input_tokens', ARGV[8])
+  redis.call('HINCRBY', period[1], 'output_tokens', ARGV[9])
+  redis.call('HINCRBY', period[1], 'spend_micros', ARGV[10])
   redis.call('PEXPIRE', period[1], period[2])
 end
 return 1

@@ -1,22 +1,15 @@
 """The one interface every limit store implements, and the values it trades in.
 
-Algorithm: a sliding-window log per scope (a tenant, one API key, one route).
-Every admitted request leaves one entry `(admitted_at, tokens)` in its scope's
-window; entries older than `WINDOW_S` drop out. A request is admitted when, in
-*every* scope it touches, `entries + 1 <= requests_per_minute` and
-`tokens_in_window + estimate <= tokens_per_minute`; only then is an entry added
-to each scope (all or nothing). That is exact: in any 60 s interval a scope
-never holds more than its limit, so "100 per minute, 300 concurrent requests"
-admits exactly 100 whatever the arrival pattern, where a token bucket would
-also admit whatever refilled while the burst was arriving, and a fixed window
-would admit 200 across a minute boundary. The cost is memory proportional to
-admitted requests per minute (bounded by the limit itself) and O(1) amortised
-work per admission (each entry is added once and expired once).
+Algorithm: a sliding-window counter per scope (a tenant, one API key, one route),
+in `window_counter.py`: five integers a scope, whatever its traffic. A request is
+admitted when it fits *every* scope it touches, for requests and for its token
+estimate; only then is it counted in each scope (all or nothing). From a fresh scope
+"100 per minute" admits exactly 100 however the burst arrives; afterwards any 60 s
+admits fewer than twice the limit, and any τ ≤ 60 s fewer than L + L·τ/60 s.
 
-One entry carries both the request and its token estimate, so RPM and TPM are
-checked against the same log. Settlement rewrites the entry's tokens in place
-(refund or extra charge) while it is still in the window; an extra charge that
-arrives after its entry aged out is added as a new entry at settlement time.
+Settlement reconciles the estimate with the actual usage: a refund comes off the
+window that counted the reservation while it still weighs, and usage beyond the
+estimate is charged to the current window when it becomes known.
 
 Stores never read a clock: `now` (seconds since the epoch, float) is passed in,
 so the behaviour is deterministic under test and identical across stores.
@@ -28,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-WINDOW_S = 60.0
+WINDOW_S = 60.0  # one window of the counter; limits are per minute
 
 LimitKind = Literal["requests", "tokens", "budget_day", "budget_month"]
 StoreName = Literal["memory", "redis", "fallback"]
@@ -62,12 +55,17 @@ NO_BUDGET = BudgetLimits()
 # by convention.
 @dataclass(slots=True)
 class ScopeState:
-    """A scope's window right after the decision (what the headers report)."""
+    """A scope right after the decision (what the headers report)."""
 
     scope: Scope
-    requests: int  # entries in the window
-    tokens: int  # tokens charged in the window
-    oldest_at: float | None  # admission time of the oldest live entry
+    requests: int  # counted now: the current window's, and the previous one's share
+    tokens: int
+    # what they were counted from, for when capacity next returns (`window_counter`)
+    elapsed_ms: int  # into the current window
+    previous_requests: int
+    current_requests: int
+    previous_tokens: int
+    current_tokens: int
 
 
 @dataclass(slots=True)
@@ -79,7 +77,10 @@ class Reservation:
     scopes: tuple[Scope, ...]
     tokens: int  # the estimate reserved at admission
     admitted_at: float
-    store: StoreName  # which store holds the entries (fail-open may use the fallback)
+    store: StoreName  # which store counted it (fail-open may use the fallback)
+    # per scope, the start (epoch ms) of the window that counted it; None where the
+    # store's reply was lost: its admission time then says which window that was
+    windows_ms: tuple[int, ...] | None = None
     handle: object = field(default=None, compare=False, repr=False)  # the store's own
 
 

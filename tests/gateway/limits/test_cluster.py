@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from gateway.limits.failover import FailoverStore
 from gateway.limits.redis_store import RedisStore, connect
@@ -39,6 +40,32 @@ async def test_every_tenants_keys_share_one_slot_so_admission_is_one_script(
     await store.aclose()
     masters = {shared_redis_cluster.master_port_of(f"rg:{{{t}}}:x") for t in tenants}
     assert len(masters) == 3
+
+
+async def test_every_key_of_a_tenant_windows_ledger_and_receipts_is_in_its_slot(
+        shared_redis_cluster: RedisClusterNodes) -> None:
+    shared_redis_cluster.flush()
+    store = RedisStore(connect(shared_redis_cluster.url))
+    scopes = (Scope("tenant", 100, 10_000), Scope("key:abc", 50, None),
+              Scope("route:chat", 10, 1000))
+    tenants = [f"tenant-{n}" for n in range(6)]
+    for tenant in tenants:
+        settled = await store.admit(tenant, scopes, 5, BudgetLimits(), time.time(), "a")
+        released = await store.admit(tenant, scopes, 5, BudgetLimits(), time.time(), "b")
+        assert settled.reservation is not None and released.reservation is not None
+        await store.settle(settled.reservation, 9, COST, time.time())
+        await store.release(released.reservation, time.time())
+    await store.aclose()
+    slots: dict[str, set[int]] = {tenant: set() for tenant in tenants}
+    kinds: dict[str, set[str]] = {tenant: set() for tenant in tenants}
+    for node in shared_redis_cluster.nodes[:3]:
+        client = redis.Redis(port=node.port)
+        for key in client.keys("rg:*"):
+            tenant = key.decode().split("{", 1)[1].split("}", 1)[0]
+            slots[tenant].add(int(client.execute_command("CLUSTER KEYSLOT", key)))
+            kinds[tenant].add(key.decode().split("}:", 1)[1].split(":", 1)[0])
+    assert all(len(found) == 1 for found in slots.values())
+    assert all(found == {"w", "spend", "receipts"} for found in kinds.values())
 
 
 @pytest.mark.slow

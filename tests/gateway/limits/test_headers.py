@@ -18,19 +18,25 @@ def test_durations_use_gos_format_like_openai(seconds: float, text: str) -> None
 
 
 def test_headers_describe_the_tightest_scope() -> None:
-    tenant = ScopeState(Scope("tenant", 100, 10_000), 10, 500, oldest_at=0.0)
-    key = ScopeState(Scope("key:ab", 20, None), 19, 500, oldest_at=30.0)
-    headers = rate_limit_headers([tenant, key], now=45.0)
+    # ScopeState(scope, requests, tokens, elapsed_ms, previous requests, current
+    # requests, previous tokens, current tokens)
+    tenant = ScopeState(Scope("tenant", 100, 10_000), 10, 500, 45_000, 0, 10, 0, 500)
+    key = ScopeState(Scope("key:ab", 20, None), 10, 0, 30_000, 20, 0, 0, 0)
+    headers = rate_limit_headers([tenant, key])
     assert headers == {
-        "x-ratelimit-limit-requests": "20", "x-ratelimit-remaining-requests": "1",
-        "x-ratelimit-reset-requests": "45s",
+        # the key: the window before's 20 weigh 10 half-way through this one, and 9.5
+        # (one more fits) 1.5 s later
+        "x-ratelimit-limit-requests": "20", "x-ratelimit-remaining-requests": "10",
+        "x-ratelimit-reset-requests": "1.5s",
+        # the tenant: its 500 weigh in full for the 15 s left of its window, then fall
+        # to 499.5 in the next one's first 60 ms
         "x-ratelimit-limit-tokens": "10000", "x-ratelimit-remaining-tokens": "9500",
-        "x-ratelimit-reset-tokens": "15s",
+        "x-ratelimit-reset-tokens": "15.06s",
     }
 
 
 def test_a_limit_nobody_set_has_no_headers() -> None:
-    headers = rate_limit_headers([ScopeState(Scope("tenant", 5, None), 0, 0, None)], now=0)
+    headers = rate_limit_headers([ScopeState(Scope("tenant", 5, None), 0, 0, 0, 0, 0, 0, 0)])
     assert set(headers) == {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                             "x-ratelimit-reset-requests"}
     assert headers["x-ratelimit-reset-requests"] == "0s"

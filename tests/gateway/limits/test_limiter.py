@@ -74,11 +74,14 @@ def limiter(clock: Clock) -> Limiter:
 
 async def test_an_admitted_request_gets_openais_rate_limit_headers(limiter, policy) -> None:
     ticket = await limiter.admit(policy, "acme", tokens=100)
+    # Capacity returns when one more than remains would fit: the request counts in full
+    # for its window's minute, then its weight in the next one rounds to 0 half-way
+    # through (and 100 tokens weigh 99.5 after 0.3 s of it).
     assert ticket.headers == {
         "x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "2",
-        "x-ratelimit-reset-requests": "1m0s",
+        "x-ratelimit-reset-requests": "1m30s",
         "x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "900",
-        "x-ratelimit-reset-tokens": "1m0s",
+        "x-ratelimit-reset-tokens": "1m0.3s",
     }
 
 
@@ -91,13 +94,25 @@ async def test_a_request_over_the_rpm_is_a_429_shaped_like_openais(limiter, poli
         await limiter.admit(policy, "acme", tokens=1)
     error = caught.value
     assert error.status == 429
+    # the window ends in 30 s; in the next one its 3 weigh 2.5 a sixth of the way in
     assert error.body()["error"] == {
         "message": "Rate limit reached for acme on requests per min (RPM): Limit 3, Used 3, "
-                   "Requested 1. Please try again in 30s.",
+                   "Requested 1. Please try again in 40s.",
         "type": "requests", "code": "rate_limit_exceeded", "param": None,
     }
-    assert error.headers["Retry-After"] == "30"
+    assert error.headers["Retry-After"] == "40"
     assert error.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_remaining_and_reset_follow_the_window_as_the_clock_moves(limiter, policy,
+                                                                      clock) -> None:
+    for _ in range(3):
+        await limiter.admit(policy, "acme", tokens=1)
+    clock.now += 70  # a sixth into the next window: the three weigh 2.5, counted as 2
+    ticket = await limiter.admit(policy, "acme", tokens=1)
+    assert ticket.headers["x-ratelimit-remaining-requests"] == "0"
+    # one more fits once they weigh 1.5 — half-way through this window
+    assert ticket.headers["x-ratelimit-reset-requests"] == "20s"
 
 
 async def test_a_request_over_the_tpm_names_tokens(limiter, policy) -> None:

@@ -1,4 +1,4 @@
-"""The in-process store's log costs the garbage collector nothing, however busy."""
+"""The in-process store costs the garbage collector nothing, however busy."""
 
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ async def test_a_minute_of_admitted_requests_leaves_nothing_for_the_collector() 
     decision = store.admit_now("acme", SCOPES, 10, BudgetLimits(), T0, "warm-up")
     await store.settle(decision.reservation, 12, Charge(), T0)
     with young_generation_growth() as grown:
-        for n in range(5_000):  # all inside one window: every entry is still held
+        for n in range(5_000):  # all inside one window
             decision = store.admit_now("acme", SCOPES, 10, BudgetLimits(), T0 + n / 1000,
                                        f"r{n}")
             assert decision.admitted
             await store.settle(decision.reservation, 7 + n % 5, Charge(), T0 + n / 1000)
         del decision
-    # 10,000 entries and their token corrections are held, as numbers
+    # each scope's window is five integers: nothing per request stays behind
     assert grown[0] < 50

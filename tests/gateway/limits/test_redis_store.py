@@ -1,5 +1,6 @@
 """What only the Redis store promises: one round trip, reloads, TTLs, Cluster-safe keys,
-settlements counted once, cancelled admissions released."""
+state that does not grow with traffic, settlements counted once, cancelled admissions
+released."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from dataclasses import replace
 import pytest
 import redis
 
-from gateway.limits.redis_store import SETTLED_TTL_MS, RedisStore, connect
+from gateway.limits.redis_store import (
+    RECEIPT_SLOTS,
+    RECEIPTS_TTL_MS,
+    SCOPE_TTL_MS,
+    Receipt,
+    RedisStore,
+    connect,
+)
 from gateway.limits.store import BudgetLimits, Charge, Scope
 from tests.redis_server import RedisServer
 
@@ -53,7 +61,7 @@ async def test_every_key_expires_and_carries_the_tenant_hash_tag(
     await store.aclose()
     sync = redis.Redis.from_url(redis_server.url)
     keys = sync.keys("*")
-    assert len(keys) == 7  # two scopes × (log, tokens), day and month ledgers, settled ids
+    assert len(keys) == 5  # two scope windows, day and month ledgers, this process's receipts
     for key in keys:
         assert key.startswith(b"rg:{acme}:")
         assert sync.pttl(key) > 0
@@ -71,15 +79,38 @@ async def test_a_settlement_run_twice_is_counted_once(redis_server: RedisServer)
     assert after.states[0].tokens == 3 + 1
 
 
-async def test_settled_ids_are_remembered_for_a_bounded_time(redis_server: RedisServer) -> None:
+async def test_a_tenants_limit_state_does_not_grow_with_traffic(
+        redis_server: RedisServer) -> None:
     store = RedisStore(connect(redis_server.url))
-    for n, at in enumerate((T0, T0 + SETTLED_TTL_MS / 1000 + 1)):
-        decision = await store.admit("acme", SCOPES, 1, BudgetLimits(), at, f"r{n}")
-        await store.settle(decision.reservation, 1, Charge(), at)
+    sync = redis.Redis.from_url(redis_server.url)
+    roomy = (Scope("tenant", 10**6, 10**9), Scope("key:abc", 10**6, 10**9))
+    shapes = []
+    for requests in (10, 1000):  # at 1 and at 100 requests a second, for 10 s
+        sync.flushall()
+        for n in range(requests):
+            at = T0 + n * 10 / requests
+            decision = await store.admit("acme", roomy, 10, BudgetLimits(), at, f"r{n}")
+            await store.settle(decision.reservation, 7, Charge(5, 2, 1), at)
+        keys = sorted(sync.keys("*"))
+        windows = [key for key in keys if b":w:" in key]
+        (receipts,) = [key for key in keys if b":receipts:" in key]
+        assert [sync.hlen(window) for window in windows] == [5, 5]  # five integers a scope
+        assert sync.strlen(receipts) <= 2 * RECEIPT_SLOTS  # 16 bits a slot
+        shapes.append(keys)
+    await store.aclose()
+    assert shapes[0] == shapes[1]
+
+
+async def test_scope_windows_and_receipts_expire_on_their_own(
+        redis_server: RedisServer) -> None:
+    store = RedisStore(connect(redis_server.url))
+    decision = await store.admit("acme", SCOPES, 1, BudgetLimits(), T0, "a")
+    await store.settle(decision.reservation, 1, Charge(), T0)
     await store.aclose()
     sync = redis.Redis.from_url(redis_server.url)
-    assert sync.zrange("rg:{acme}:settled", 0, -1) == [b"r1"]
-    assert 0 < sync.pttl("rg:{acme}:settled") <= SETTLED_TTL_MS
+    (receipts,) = sync.keys("rg:{acme}:receipts:*")
+    assert 0 < sync.pttl(receipts) <= RECEIPTS_TTL_MS
+    assert 0 < sync.pttl("rg:{acme}:w:tenant") <= SCOPE_TTL_MS
 
 
 async def test_an_admission_cancelled_while_redis_decides_holds_no_tokens(
@@ -96,9 +127,9 @@ async def test_an_admission_cancelled_while_redis_decides_holds_no_tokens(
     with pytest.raises(asyncio.CancelledError):
         await admitting
 
-    tokens = "rg:{acme}:w:tenant:tok"  # reservation id → tokens, and "_total"
+    window = "rg:{acme}:w:tenant"  # the scope's counts: "t" its tokens
     for _ in range(200):  # the pause ends, Redis admits it, the store gives it back
-        if sync.hget(tokens, "abandoned") == b"0":
+        if sync.hget(window, "r") == b"2" and sync.hget(window, "t") == b"1":
             break
         await asyncio.sleep(0.01)
     after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "after")
@@ -114,7 +145,9 @@ async def test_a_released_request_gives_back_its_tokens_but_still_counts_as_a_re
     decision = await store.admit("acme", scopes, 900, BudgetLimits(), T0, "a")
     for _ in range(2):  # releasing again changes nothing
         await store.release(decision.reservation, T0 + 1)
-    await store.release(replace(decision.reservation, id="never-admitted"), T0 + 1)
+    # a number this process never had admitted (its receipt slot holds another's, or none)
+    await store.release(replace(decision.reservation, id="never-admitted",
+                                handle=Receipt(RECEIPT_SLOTS * 7 + 3)), T0 + 1)
     after = await store.admit("acme", scopes, 900, BudgetLimits(), T0 + 2, "b")
     usage = await store.usage("acme", T0 + 3)
     await store.aclose()

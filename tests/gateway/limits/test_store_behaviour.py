@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from gateway.limits.store import WINDOW_S, BudgetLimits, Charge, LimitStore, Scope
+from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 T0 = 1_764_400_000.0  # 2025-11-29 07:06:40 UTC, mid-day so no period boundary nearby
 NO_BUDGET = BudgetLimits()
@@ -39,13 +40,15 @@ async def test_exactly_the_limit_is_admitted_out_of_three_times_as_many_concurre
     assert sum(d.admitted for d in decisions) == 100
 
 
-async def test_a_slot_returns_when_the_oldest_request_leaves_the_window(store):
-    await admit(store, rpm(2), T0)
+async def test_a_full_window_frees_a_slot_once_its_weight_in_the_next_has_fallen(store):
+    await admit(store, rpm(2), T0)  # the scope's window: T0 to T0 + 60
     await admit(store, rpm(2), T0 + 10)
     rejected = await admit(store, rpm(2), T0 + 30)
-    assert rejected.rejection.retry_after_s == pytest.approx(30.0)
-    assert not (await admit(store, rpm(2), T0 + WINDOW_S - 0.01)).admitted
-    assert (await admit(store, rpm(2), T0 + WINDOW_S + 0.01)).admitted
+    # in the next window the two weigh 2 × (1 − e / 60 s), rounded: one more fits once
+    # that is 1.5, a quarter of the way in
+    assert rejected.rejection.retry_after_s == pytest.approx(WINDOW_S - 30 + WINDOW_S / 4)
+    assert not (await admit(store, rpm(2), T0 + 74.99)).admitted
+    assert (await admit(store, rpm(2), T0 + 75.01)).admitted
 
 
 async def test_tokens_are_reserved_and_the_limit_names_tokens(store):
@@ -53,7 +56,8 @@ async def test_tokens_are_reserved_and_the_limit_names_tokens(store):
     rejected = await admit(store, tpm(1000), T0 + 5, tokens=500)
     assert rejected.rejection.kind == "tokens"
     assert rejected.rejection.used == 600 and rejected.rejection.requested == 500
-    assert rejected.rejection.retry_after_s == pytest.approx(55.0)
+    # the 600 fit again with 500 more once their weight in the next window is 500.5
+    assert rejected.rejection.retry_after_s == pytest.approx(55 + WINDOW_S * (1 - 500.5 / 600))
     assert (await admit(store, tpm(1000), T0 + 5, tokens=400)).admitted
 
 
@@ -92,10 +96,19 @@ async def test_settling_charges_usage_beyond_the_estimate(store):
 
 
 async def test_extra_usage_settled_after_the_window_is_charged_when_it_arrives(store):
+    # settled two windows on: nothing of the estimate weighs any more
+    decision = await admit(store, tpm(1000), T0, tokens=100)
+    await store.settle(decision.reservation, 600, Charge(), T0 + 150)
+    rejected = await admit(store, tpm(1000), T0 + 151, tokens=600)
+    assert rejected.rejection.used == 500
+
+
+async def test_extra_usage_settled_in_the_next_window_is_charged_to_it_in_full(store):
     decision = await admit(store, tpm(1000), T0, tokens=100)
     await store.settle(decision.reservation, 600, Charge(), T0 + 90)
-    rejected = await admit(store, tpm(1000), T0 + 91, tokens=600)
-    assert rejected.rejection.used == 500
+    state = (await admit(store, tpm(1000), T0 + 90, tokens=0)).states[0]
+    # the extra 500 count in full; the estimate's window, half-way down, weighs 50
+    assert state.tokens == 500 + 50
 
 
 async def test_extra_usage_settled_after_the_window_uses_no_request_slot(store):
@@ -103,32 +116,25 @@ async def test_extra_usage_settled_after_the_window_uses_no_request_slot(store):
     # tokens are charged late, but it was one request, already counted once.
     scopes = (Scope("tenant", 1, 10_000),)
     decision = await admit(store, scopes, T0, tokens=100)
-    await store.settle(decision.reservation, 600, Charge(), T0 + 90)
-    after = await admit(store, scopes, T0 + 91, tokens=100)
+    # two windows on, when the request itself no longer weighs
+    await store.settle(decision.reservation, 600, Charge(), T0 + 150)
+    after = await admit(store, scopes, T0 + 151, tokens=100)
     assert after.admitted
     assert (after.states[0].requests, after.states[0].tokens) == (1, 600)
 
 
-async def test_a_request_limit_retry_counts_from_the_oldest_request_not_a_late_charge(store):
-    scopes = (Scope("tenant", 1, 10_000),)
-    decision = await admit(store, scopes, T0, tokens=100)
-    await store.settle(decision.reservation, 600, Charge(), T0 + 90)  # late, at T0 + 90
-    assert (await admit(store, scopes, T0 + 100)).admitted
-    rejected = await admit(store, scopes, T0 + 110)
-    assert rejected.rejection.kind == "requests" and rejected.rejection.used == 1
-    assert rejected.rejection.retry_after_s == pytest.approx(50.0)
-
-
-async def test_a_settled_correction_leaves_the_window_with_its_entry(store):
+async def test_a_settled_correction_weighs_with_the_window_that_counted_it(store):
     first = await admit(store, tpm(1000), T0, tokens=100)
     await store.settle(first.reservation, 700, Charge(), T0 + 1)
     assert (await admit(store, tpm(1000), T0 + 10, tokens=200)).admitted
     rejected = await admit(store, tpm(1000), T0 + 20, tokens=500)
     assert rejected.rejection.used == 900
-    # the first request's 700 (its estimate and the correction) make room at T0 + 60
-    assert rejected.rejection.retry_after_s == pytest.approx(40.0)
-    after = await admit(store, tpm(1000), T0 + WINDOW_S + 0.5, tokens=500)
-    assert after.admitted and after.states[0].tokens == 700  # 200 + 500
+    # 500 more fit once the window's 900 weigh 500.5 in the next one
+    assert rejected.rejection.retry_after_s == pytest.approx(40 + WINDOW_S * (1 - 500.5 / 900),
+                                                             abs=0.001)
+    # in the next window's last millisecond the 900 (estimates and correction) weigh 0
+    after = await admit(store, tpm(1000), T0 + 2 * WINDOW_S - 0.001, tokens=500)
+    assert after.admitted and after.states[0].tokens == 500
 
 
 async def test_tenants_have_separate_windows(store):
@@ -137,12 +143,15 @@ async def test_tenants_have_separate_windows(store):
     assert not (await admit(store, rpm(1), T0, tenant="acme")).admitted
 
 
-async def test_states_report_usage_and_the_oldest_entry(store):
+async def test_states_report_usage_and_when_capacity_next_returns(store):
     await admit(store, (Scope("tenant", 10, 1000),), T0, tokens=100)
     decision = await admit(store, (Scope("tenant", 10, 1000),), T0 + 5, tokens=50)
     state = decision.states[0]
     assert (state.requests, state.tokens) == (2, 150)
-    assert state.oldest_at == pytest.approx(T0)
+    # 55 s until the window ends; then the two requests weigh 1.5 a quarter of the way
+    # into the next, and the 150 tokens 149.5 after 1/300 of it
+    assert requests_reset_s(state) == pytest.approx(55 + WINDOW_S / 4)
+    assert tokens_reset_s(state) == pytest.approx(55 + WINDOW_S / 300)
 
 
 async def test_the_ledger_counts_requests_tokens_and_spend_per_day_and_month(store):
