@@ -25,7 +25,7 @@ supported versions. `create_app` and `routegate serve` call it before anything r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import cast
 
 import aiohttp
@@ -163,9 +163,11 @@ def settle_keep_alive(response: web.StreamResponse, request: web.BaseRequest) ->
     return keep_alive
 
 
-async def run_prepare_hook(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """The apps' `on_response_prepare` receivers, as aiohttp calls them from `prepare`."""
-    await request._prepare_hook(response)
+def run_prepare_hook(request: web.BaseRequest,
+                     response: web.StreamResponse) -> Awaitable[None]:
+    """The apps' `on_response_prepare` receivers, as aiohttp calls them from `prepare`
+    (aiohttp's own coroutine, returned to be awaited: no second one around it)."""
+    return request._prepare_hook(response)
 
 
 def write_whole(writer: StreamWriter, response: web.StreamResponse,
