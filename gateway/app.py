@@ -19,6 +19,7 @@ from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
+from gateway.compat import check_aiohttp
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
 from gateway.launch.board import board_context
@@ -55,7 +56,9 @@ _AIOHTTP_BODY_CAP = 1 << 30
 def create_app(policy: Policy, settings: Settings | None = None, *,
                telemetry: Telemetry | None = None) -> web.Application:
     """`telemetry`: tracer provider, metrics, access log (default: metrics only, no
-    trace export); `routegate serve` builds it from the `OTEL_*` environment."""
+    trace export); `routegate serve` builds it from the `OTEL_*` environment.
+    `IncompatibleAiohttp` when the installed aiohttp is not one the gateway supports."""
+    check_aiohttp()
     settings = settings or Settings()
     app = web.Application(middlewares=[error_middleware], client_max_size=_AIOHTTP_BODY_CAP)
     live = LivePolicy(policy)

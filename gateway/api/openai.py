@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import orjson
-from aiohttp import hdrs, web
-from aiohttp.http import HttpVersion11
+from aiohttp import HttpVersion11, hdrs, web
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
 from gateway.auth import TENANT_HEADER

@@ -47,11 +47,17 @@ from typing import Any, cast
 
 import orjson
 from aiohttp import StreamReader, hdrs, web
-from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_urldispatcher import MatchedSubAppResource, PlainResource, UrlMappingMatchInfo
 
 from gateway.app import LIVE_POLICY
+from gateway.compat.aiohttp import (
+    BadHttpMessage,
+    BadHttpMethod,
+    HookedAppRunner,
+    LineTooLong,
+    MatchedSubAppResource,
+    make_connections_with,
+    set_match_info,
+)
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -66,18 +72,16 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger("routegate.server")
 
 
-class GatewayRunner(web.AppRunner):
+class GatewayRunner(HookedAppRunner):
     """Use in place of `web.AppRunner(app, ...)`; same arguments."""
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+    def server_built(self, server: web.Server) -> web.Server:
         # Connections read `request_handler` when they open: none has opened yet.
         server.request_handler = FixedPaths(self.app, server.request_handler)
-        # The app built the server; only the class of its connections' protocol changes.
-        server.__class__ = _Server
         live = self.app.get(LIVE_POLICY)
-        cast(_Server, server).guard = ClientGuard(
+        guard = ClientGuard(
             (lambda: live.current.file.server) if live is not None else ServerSettings)
+        make_connections_with(server, partial(_RequestHandler, guard=guard))
         return server
 
 
@@ -101,13 +105,6 @@ class ClientGuard:
             self.open[address] = count
 
 
-class _Server(web.Server):
-    guard: ClientGuard
-
-    def __call__(self) -> RequestHandler:
-        return _RequestHandler(self, loop=self._loop, **self._kwargs)
-
-
 def _raw_reply(error: GatewayError) -> bytes:
     """A whole HTTP response for a connection no request handler is serving."""
     body = orjson.dumps(error.body())
@@ -116,12 +113,12 @@ def _raw_reply(error: GatewayError) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
-class _RequestHandler(RequestHandler):
+class _RequestHandler(web.RequestHandler):
     __slots__ = ("_address", "_guard", "_head_timer", "_unread_body", "awaiting_head")
 
-    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, guard: ClientGuard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._guard = manager.guard
+        self._guard = guard
         self._address: str | None = None  # counted against the cap while connected
         self._head_timer: asyncio.TimerHandle | None = None
         self.awaiting_head = True  # between requests: the next bytes start a head
@@ -230,12 +227,12 @@ class FixedPaths:
 
     def __init__(self, app: web.Application, fallback: Handler) -> None:
         self._fallback = fallback
-        self._routes: dict[tuple[str, str], tuple[Handler, UrlMappingMatchInfo]] = {}
+        self._routes: dict[tuple[str, str], tuple[Handler, web.UrlMappingMatchInfo]] = {}
         resources = app.router.resources()
         if any(isinstance(resource, MatchedSubAppResource) for resource in resources):
             return  # a sub-app by domain comes before any path: leave it all to the app
         for resource in resources:
-            if not isinstance(resource, PlainResource):
+            if not isinstance(resource, web.PlainResource):
                 continue
             for route in resource:
                 if route.method == hdrs.METH_ANY:
@@ -243,7 +240,7 @@ class FixedPaths:
                 handler: Handler = route.handler
                 for middleware in reversed(app.middlewares):
                     handler = partial(middleware, handler=handler)
-                match_info = UrlMappingMatchInfo({}, route)
+                match_info = web.UrlMappingMatchInfo({}, route)
                 match_info.add_app(app)
                 match_info.freeze()
                 # the first registered wins, as in the router
@@ -265,7 +262,7 @@ class FixedPaths:
             if found is None:
                 return await self._fallback(request)
             handler, match_info = found
-            request._match_info = match_info
+            set_match_info(request, match_info)
             if request.headers.get(hdrs.EXPECT):  # as the app does: before the handler
                 response = await match_info.expect_handler(request)
                 await request.writer.drain()

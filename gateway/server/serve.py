@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import LIVE_POLICY, create_app
+from gateway.compat import IncompatibleAiohttp, check_aiohttp
 from gateway.server.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.server.runner import GatewayRunner
 from gateway.server.workers import supervise, worker_count
@@ -58,6 +59,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_aiohttp()
+    except IncompatibleAiohttp as exc:
+        log.error("%s", exc)
+        return 2
     path = args.policy or Path(os.environ.get("ROUTEGATE_POLICY") or default_policy_path())
     try:
         policy = load(path)

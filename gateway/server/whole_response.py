@@ -20,41 +20,48 @@ a Content-Length set by hand.
 
 from __future__ import annotations
 
-from aiohttp import hdrs, web
-from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
-from aiohttp.http_writer import StreamWriter, _serialize_headers
-from multidict import CIMultiDict
+from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.abc import AbstractStreamWriter
+
+from gateway.compat.aiohttp import (
+    EMPTY_BODY_STATUS_CODES,
+    SERVER_SOFTWARE,
+    must_be_empty_body,
+    one_write_writer,
+    rfc822_formatted_time,
+    run_prepare_hook,
+    settle_keep_alive,
+    write_whole,
+)
 
 
 class WholeResponse(web.StreamResponse):
-    """`web.Response(status=, body=, headers=)` for a body of bytes, sent in one write."""
+    """`web.Response(status=, body=, headers=)` for a body of bytes, sent in one write
+    (what it takes of aiohttp's insides is in `gateway.compat.aiohttp`)."""
 
     def __init__(self, *, status: int = 200, body: bytes = b"",
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(status=status, _real_headers=CIMultiDict(headers or ()))
+        super().__init__(status=status, headers=headers)
         self._whole_body = body
+        self._sent_whole = False
 
     @property
     def body(self) -> bytes:
         return self._whole_body
 
-    async def prepare(self, request: web.BaseRequest) -> StreamWriter | None:
-        if self._eof_sent:
-            return None
-        if self._payload_writer is not None:
-            return self._payload_writer  # type: ignore[return-value]
-        writer = request._payload_writer
-        if (request.version != HttpVersion11 or request.method == hdrs.METH_HEAD
-                or self._status in EMPTY_BODY_STATUS_CODES or self._cookies
-                or self._compression or self._chunked or hdrs.CONTENT_LENGTH in self._headers
-                or not isinstance(writer, StreamWriter)):
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self.prepared:  # aiohttp's answer: the writer, or None once finished
+            return await super().prepare(request)
+        headers = self.headers
+        writer = None
+        if (request.version == HttpVersion11 and request.method != hdrs.METH_HEAD
+                and self.status not in EMPTY_BODY_STATUS_CODES
+                and hdrs.CONTENT_LENGTH not in headers):
+            writer = one_write_writer(request, self)
+        if writer is None:
             return await self._prepare_as_aiohttp(request)
-        keep_alive = self._keep_alive
-        if keep_alive is None:
-            keep_alive = self._keep_alive = request.keep_alive
+        keep_alive = settle_keep_alive(self, request)
         body = self._whole_body
-        headers = self._headers
         # The headers `web.Response` adds, in its order, before the prepare hook.
         headers[hdrs.CONTENT_LENGTH] = str(len(body))
         if body and hdrs.CONTENT_TYPE not in headers:
@@ -65,24 +72,21 @@ class WholeResponse(web.StreamResponse):
             headers[hdrs.SERVER] = SERVER_SOFTWARE
         if not keep_alive and hdrs.CONNECTION not in headers:
             headers[hdrs.CONNECTION] = "close"
-        await request._prepare_hook(self)  # on_response_prepare receivers, as aiohttp calls
-        # aiohttp's own serialiser (C): it refuses a control character in a header
-        head = _serialize_headers(f"HTTP/1.1 {self._status} {self._reason}", headers)
-        writer._writelines((head, body) if body else (head,))
-        self._eof_sent = True
-        self._body_length = writer.output_size
+        await run_prepare_hook(request, self)  # on_response_prepare receivers
+        write_whole(writer, self, headers, body)
+        self._sent_whole = True
         return writer
 
-    async def _prepare_as_aiohttp(self, request: web.BaseRequest) -> StreamWriter | None:
+    async def _prepare_as_aiohttp(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         """What `web.Response.prepare` does; `write_eof` then sends the body."""
         # as `web.Response._start`: Content-Length for a body (not for HEAD or 304)
-        if hdrs.CONTENT_LENGTH not in self._headers and (
-                self._whole_body or (self._status != 304 and request.method != hdrs.METH_HEAD)):
-            self._headers[hdrs.CONTENT_LENGTH] = str(len(self._whole_body))
-        return await super().prepare(request)  # type: ignore[return-value]
+        if hdrs.CONTENT_LENGTH not in self.headers and (
+                self._whole_body or (self.status != 304 and request.method != hdrs.METH_HEAD)):
+            self.headers[hdrs.CONTENT_LENGTH] = str(len(self._whole_body))
+        return await super().prepare(request)
 
     async def write_eof(self, data: bytes = b"") -> None:
-        if self._eof_sent:  # the fast path sent everything from `prepare`
+        if self._sent_whole:  # the fast path sent everything from `prepare`
             return
         assert not data, "the body is given to the constructor"
-        await super().write_eof(b"" if self._must_be_empty_body else self._whole_body)
+        await super().write_eof(b"" if must_be_empty_body(self) else self._whole_body)

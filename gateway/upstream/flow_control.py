@@ -7,14 +7,14 @@ import asyncio
 import contextlib
 
 from aiohttp import StreamReader
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import RawResponseMessage
+
+from gateway.compat.aiohttp import RawResponseMessage, ResponseHandler, drained
 
 
 async def drained_or_answered(
         protocol: ResponseHandler) -> tuple[RawResponseMessage, StreamReader] | None:
     """Wait for the transport to drain; the backend's answer if it comes first."""
-    draining = asyncio.ensure_future(protocol._drain_helper())
+    draining = asyncio.ensure_future(drained(protocol))
     reading = asyncio.ensure_future(protocol.read())
     try:
         await asyncio.wait((draining, reading), return_when=asyncio.FIRST_COMPLETED)

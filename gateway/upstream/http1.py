@@ -42,6 +42,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from aiohttp import (
+    EMPTY_PAYLOAD,
     ClientConnectionError,
     ClientOSError,
     ClientPayloadError,
@@ -49,11 +50,9 @@ from aiohttp import (
     ServerTimeoutError,
     StreamReader,
 )
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import RawResponseMessage
-from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.compat.aiohttp import RawResponseMessage, ResponseHandler
 from gateway.upstream.flow_control import drained_or_answered
 from gateway.upstream.tls import tls_context
 
@@ -365,7 +364,7 @@ async def _write_with_flow_control(
 ) -> tuple[RawResponseMessage, StreamReader] | None:
     """Write `body` a slice at a time; whenever the transport pauses writing (its buffer
     over the high-water mark), wait until it drains, as aiohttp's own writer does
-    (`BaseProtocol._drain_helper`) — or until the backend answers without reading the
+    (`compat.aiohttp.drained`) — or until the backend answers without reading the
     rest (a 413, say, on a connection it keeps open): that answer is returned, and the
     connection, half a body behind, is not used again. `total_s` ends a wait:
     `_expire` aborts the connection, which wakes it."""
