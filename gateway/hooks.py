@@ -1,7 +1,7 @@
 """The pipeline's plug points, with the do-nothing defaults the core ships with.
 
 `create_app` builds one `Hooks` and the pipeline calls it at fixed steps (see
-`gateway/pipeline.py` for the order). Each plug-in replaces one field:
+`gateway/pipeline/steps.py` for the order). Each plug-in replaces one field:
 
   hooks.admission  rate-limit admission before routing, settlement after the response
   hooks.router     ordered candidates for a request (primary first, then fallbacks)
@@ -29,7 +29,7 @@ from policies.load import ModelTarget
 
 class Admission(Protocol):
     async def admit(self, ctx: RequestContext) -> None:
-        """Raise `RateLimited` (with headers) to refuse; may note a reservation in ctx.state."""
+        """Raise `RateLimited` (with headers) to refuse; may leave its ticket on `ctx.ticket`."""
 
     async def settle(self, ctx: RequestContext) -> None:
         """Called once for every admitted request, even failed or cancelled ones;

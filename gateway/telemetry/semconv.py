@@ -1,6 +1,6 @@
 """Span attribute names: the OpenTelemetry GenAI and HTTP semantic conventions, and
 routegate's own. A module of names only, so the exporter process (which rebuilds a
-request's root attributes from its facts, `span_facts.py`) imports no OpenTelemetry.
+request's spans from its record, `span_build.py`) imports no OpenTelemetry.
 """
 
 # OpenTelemetry GenAI semantic conventions (gen_ai.*).

@@ -3,7 +3,7 @@
 Each way, a frame is a 5-byte head (payload length, kind) and the payload:
 
     C  config: pickled dict (ExportConfig fields, resource, batch settings)   first
-    R  records: a marshalled list of span records (`span_records.py`), each marshalled
+    R  records: a marshalled list of request records (`RequestRecord.plain()`), each marshalled
     F  flush: 8-byte token; everything received before it is exported, then
     A  ack: the same token, back to the gateway
     D  dropped: 8-byte count, back to the gateway: spans the collector refused or
