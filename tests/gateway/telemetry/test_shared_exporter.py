@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import marshal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,14 @@ from gateway.telemetry.tracing.frames import (
     frame,
 )
 from gateway.telemetry.tracing.otlp_post import ExportConfig
-from gateway.telemetry.tracing.pipe import MARSHAL_VERSION
-from gateway.telemetry.tracing.setup import sampler_from_env
+from gateway.telemetry.tracing.pipe import MARSHAL_VERSION, SpanPipe
+from gateway.telemetry.tracing.setup import (
+    TracingConfigError,
+    resource_from_env,
+    sampler_from_env,
+    shared_exporter_env,
+    tracing_from_env,
+)
 from gateway.telemetry.tracing.shared_exporter import SharedExporter
 from gateway.telemetry.tracing.trace_context import Sampling
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver
@@ -96,6 +103,11 @@ class Gateway:
 
 
 StartShared = Callable[..., Awaitable[SharedExporter]]
+
+
+@pytest.fixture
+async def receiver_url(otlp_receiver: tuple[OtlpReceiver, str]) -> AsyncIterator[str]:
+    yield otlp_receiver[1] + "/v1/traces"
 
 
 @pytest.fixture
@@ -187,3 +199,77 @@ async def test_stopping_it_exports_what_it_holds_and_the_process_exits(
     assert shared.process is not None and shared.process.returncode == 0
     assert len(receiver.spans) == 3 * SPANS
     assert not shared.path.exists()
+
+
+def connecting_pipe(endpoint: str, path: Path, **options: float) -> tuple[Telemetry, SpanPipe]:
+    """A worker's pipe: sends to the exporter process at `path`, starts none."""
+    resource = resource_from_env({}, "routegate")
+    pipe = SpanPipe(ExportConfig(endpoint=endpoint), resource=dict(resource.attributes),
+                    connect_to=str(path), **options)  # type: ignore[arg-type]
+    return Telemetry(tracing=Tracing(Sampling(sampler_from_env({})), pipe)), pipe
+
+
+async def test_a_workers_tracing_sends_to_the_exporter_its_supervisor_names(
+    otlp_receiver: tuple[OtlpReceiver, str], start_shared: StartShared,
+) -> None:
+    receiver, url = otlp_receiver
+    shared = await start_shared(url + "/v1/traces")
+    tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": url,
+                                **shared_exporter_env(shared.path)})
+    assert tracing is not None and isinstance(tracing.sink, SpanPipe)
+    await scripted_request(Telemetry(tracing=tracing))
+    assert await asyncio.to_thread(tracing.sink.force_flush)
+    assert len(receiver.spans) == SPANS
+    assert tracing.sink.process is None  # no exporter process of its own
+    await asyncio.to_thread(tracing.sink.shutdown)
+    assert shared.process is not None and shared.process.returncode is None  # others' still
+
+
+def test_a_shared_exporter_address_that_is_not_a_unix_socket_is_refused_at_start() -> None:
+    with pytest.raises(TracingConfigError, match="unix:PATH"):
+        tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+                          "ROUTEGATE_TRACE_EXPORTER": "tcp://127.0.0.1:9"})
+
+
+async def test_a_pipe_whose_exporter_cannot_be_reached_drops_and_counts_without_waiting(
+    receiver_url: str,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="rg-") as directory:
+        telemetry, pipe = connecting_pipe(receiver_url, Path(directory) / "nobody.sock",
+                                          handoff_s=3600.0)
+        for _ in range(3):
+            await scripted_request(telemetry)
+        started = time.monotonic()
+        pipe.hand_off()
+        assert time.monotonic() - started < 0.1
+        assert pipe.dropped_spans == telemetry.dropped_spans() == 3 * SPANS
+        await asyncio.to_thread(pipe.shutdown)
+
+
+async def test_a_pipe_connects_again_once_the_shared_exporter_is_restarted(
+    otlp_receiver: tuple[OtlpReceiver, str], start_shared: StartShared,
+) -> None:
+    receiver, url = otlp_receiver
+    shared = await start_shared(url + "/v1/traces", restart_after_s=0.2)
+    telemetry, pipe = connecting_pipe(url + "/v1/traces", shared.path, handoff_s=3600.0,
+                                      restart_after_s=0.2)
+    await scripted_request(telemetry)
+    assert await asyncio.to_thread(pipe.force_flush)
+    first = shared.process
+    assert first is not None
+    first.kill()
+    await first.wait()
+    await scripted_request(telemetry)
+    pipe.hand_off()  # the connection has ended: these spans are dropped, and counted
+    assert pipe.dropped_spans == SPANS
+    for _ in range(200):  # restarted 0.2 s after it died
+        if shared.starts == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert shared.starts == 2
+    await asyncio.sleep(0.2)  # the pipe's own wait before it connects again
+    await scripted_request(telemetry)
+    assert await asyncio.to_thread(pipe.force_flush)
+    assert len(receiver.spans) == 2 * SPANS and pipe.dropped_spans == SPANS
+    assert shared.process is not None and shared.process.pid != first.pid
+    await asyncio.to_thread(pipe.shutdown)
