@@ -5,13 +5,16 @@
       │  spend are exact across the workers because they share one store
       ├─ launched local backends (`gateway/launch/supervisor.py`), started once; the workers
       │  read where they are from a board file (`gateway/launch/board.py`)
+      ├─ the trace exporter process, when traces go out over OTLP/HTTP only: one for all
+      │  workers, which connect to it (`gateway/telemetry/tracing/shared_exporter.py`)
       └─ worker 0 … N-1: `routegate serve` each, listening with SO_REUSEPORT (the kernel
          spreads new connections among them); one that dies is started again
 
-Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/server/drain.py`);
-the supervisor waits for them, then stops the backends and Redis. SIGHUP, and a
-change of the policy file, reach every worker (each watches the file; SIGHUP is
-forwarded) and the supervisor, which follows the policy's `launch:` backends.
+Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/server/drain.py`)
+and flush their spans to the exporter; the supervisor waits for them, then stops the
+exporter (which exports what it holds), the backends and Redis. SIGHUP, and a change
+of the policy file, reach every worker (each watches the file; SIGHUP is forwarded)
+and the supervisor, which follows the policy's `launch:` backends.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ from gateway.launch.supervisor import Supervisor
 from gateway.policy.live import LivePolicy
 from gateway.policy.watch import PolicyReloader
 from gateway.settings import Settings
+from gateway.telemetry.tracing.setup import (
+    TracingConfigError,
+    export_process_settings,
+    shared_exporter_env,
+)
+from gateway.telemetry.tracing.shared_exporter import SharedExporter
 from policies.load import Policy
 
 log = logging.getLogger("routegate.workers")
@@ -90,6 +99,7 @@ class WorkerSupervisor:
         self.workers: dict[int, asyncio.subprocess.Process] = {}
         self.starts: dict[int, int] = {}
         self._redis: asyncio.subprocess.Process | None = None
+        self.trace_exporter: SharedExporter | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -104,9 +114,12 @@ class WorkerSupervisor:
         reloader = PolicyReloader(self.live, self.settings.policy_path or Path(),
                                   reloads=_Reloads())
         tasks: list[asyncio.Task[None]] = []
+        exporting: asyncio.Task[None] | None = None
         try:
-            if not await self._start_redis():
+            if not await self._start_redis() or not self._listen_for_spans():
                 return 1
+            if self.trace_exporter is not None:
+                exporting = asyncio.create_task(self.trace_exporter.run(), name="trace-exporter")
             await self.backends.start()
             tasks = [asyncio.create_task(self._keep_running(index), name=f"worker-{index}")
                      for index in range(self.count)]
@@ -130,6 +143,10 @@ class WorkerSupervisor:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+            if self.trace_exporter is not None:  # the workers have flushed to it
+                await self.trace_exporter.stop()
+                if exporting is not None:
+                    await exporting
             await self.backends.stop()
             await self._stop_redis()
         return 0
@@ -165,6 +182,26 @@ class WorkerSupervisor:
                       index, process.pid, code, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+    def _listen_for_spans(self) -> bool:
+        """The one exporter process's socket, and the workers told of it, when traces
+        go to an exporter process (OTLP/HTTP only); False when that cannot be."""
+        try:
+            settings = export_process_settings(self.env)
+        except TracingConfigError as exc:
+            log.error("%s", exc)
+            return False
+        if settings is None:
+            return True
+        exporter = SharedExporter(settings.config(), self.directory / "trace-exporter.sock")
+        try:
+            exporter.listen()
+        except OSError as exc:
+            log.error("the trace exporter's socket %s: %s", exporter.path, exc)
+            return False
+        self.trace_exporter = exporter
+        self.env.update(shared_exporter_env(exporter.path))
+        return True
 
     async def _start_redis(self) -> bool:
         """A private redis-server (Unix socket, no persistence) for the workers' limits,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import stat
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -21,9 +23,11 @@ from gateway.settings import Settings
 from policies.load import load
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
 
 CHILD = str(Path(__file__).parents[1] / "fakes" / "child_backend.py")
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+EXPORTER = "gateway.telemetry.tracing.export_process"
 
 
 def children_of(pid: int) -> set[int]:
@@ -42,6 +46,88 @@ def command_of(pid: int) -> list[str]:
 
 def worker_pids(supervisor_pid: int) -> set[int]:
     return {pid for pid in children_of(supervisor_pid) if "--worker-index" in command_of(pid)}
+
+
+def descendants_of(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def exporter_pids(supervisor_pid: int) -> set[int]:
+    return {pid for pid in descendants_of(supervisor_pid) if EXPORTER in command_of(pid)}
+
+
+def running(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+
+
+def accepted_by(workers: set[int], server_port: int, client_port: int) -> int | None:
+    """The worker holding the server end of the TCP connection from `client_port`
+    (Linux /proc); None while it is still in the kernel's accept queue."""
+    inode = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = (int(address.split(":")[1], 16) for address in fields[1:3])
+        if (local, remote) == (server_port, client_port):
+            inode = int(fields[9])
+    if not inode:
+        return None
+    for pid in workers:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+async def traced_request(port: int, workers: set[int]) -> tuple[int, str]:
+    """One chat request on a new connection, with a trace id of its own: (the worker
+    that served it, the trace id)."""
+    trace_id = os.urandom(16).hex()
+    body = json.dumps(CHAT).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        client_port = writer.get_extra_info("sockname")[1]
+        worker = None
+        for _ in range(100):
+            if (worker := accepted_by(workers, port, client_port)) is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert worker is not None
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+                     b"Content-Type: application/json\r\nConnection: close\r\n"
+                     b"traceparent: 00-%s-%s-01\r\nContent-Length: %d\r\n\r\n%s"
+                     % (trace_id.encode(), os.urandom(8).hex().encode(), len(body), body))
+        async with asyncio.timeout(10):
+            assert (await reader.readline()).split()[1] == b"200"
+            await reader.read()
+    finally:
+        writer.close()
+    return worker, trace_id
+
+
+async def traced_on_every_worker(port: int, workers: set[int]) -> dict[int, set[str]]:
+    """Requests on new connections until each worker has served one; the trace ids
+    each worker served."""
+    served: dict[int, set[str]] = {}
+    for _ in range(50):  # the kernel spreads connections among the workers by hash
+        worker, trace_id = await traced_request(port, workers)
+        served.setdefault(worker, set()).add(trace_id)
+        if served.keys() == workers:
+            break
+    assert served.keys() == workers
+    return served
 
 
 async def until(condition: Callable[[], bool], within_s: float = 20.0) -> None:
@@ -82,12 +168,13 @@ async def post_each_on_its_own_connection(url: str, count: int,
 async def serve_workers(tmp_path: Path) -> AsyncIterator[Any]:
     processes: list[asyncio.subprocess.Process] = []
 
-    async def start(policy: dict[str, Any], workers: int = 2
+    async def start(policy: dict[str, Any], workers: int = 2, env: dict[str, str] | None = None
                     ) -> tuple[asyncio.subprocess.Process, str, Path]:
         path = tmp_path / "policy.yaml"
         path.write_text(yaml.safe_dump(policy))
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if k != "ROUTEGATE_REDIS_URL"}
+        env = {**{k: v for k, v in os.environ.items() if k != "ROUTEGATE_REDIS_URL"},
+               **(env or {})}
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port",
             str(port), "--workers", str(workers), env=env, stdout=asyncio.subprocess.DEVNULL)
@@ -180,3 +267,49 @@ async def test_a_launched_backend_is_started_once_for_all_workers(tmp_path: Path
     finally:
         supervisor.stop()
         assert await asyncio.wait_for(running, 20) == 0
+
+
+@pytest.fixture
+async def otlp_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
+    receiver = OtlpReceiver()
+    runner, url = await start_http(receiver)
+    yield receiver, url
+    await runner.cleanup()
+
+
+@pytest.mark.slow
+async def test_two_workers_send_their_spans_through_one_exporter_process(
+        serve_workers, openai_upstream: FakeOpenAI,
+        otlp_receiver: tuple[OtlpReceiver, str]) -> None:
+    receiver, otlp_url = otlp_receiver
+    process, url, _ = await serve_workers(single_backend_policy(openai_upstream.url), env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    workers = worker_pids(process.pid)
+    (exporter,) = exporter_pids(process.pid)
+    assert exporter in children_of(process.pid)  # the supervisor's, not a worker's
+    served = await traced_on_every_worker(int(url.rsplit(":", 1)[1]), workers)
+    wanted = set().union(*served.values())
+    await receiver.wait_for(lambda spans: wanted <= {span.trace_id for span in spans})
+    assert exporter_pids(process.pid) == {exporter}
+    for worker in workers:  # where they send: a socket in the supervisor's own directory
+        address = environment_of(worker)["ROUTEGATE_TRACE_EXPORTER"]
+        directory = Path(address.removeprefix("unix:")).parent
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+@pytest.mark.slow
+async def test_at_shutdown_the_workers_flush_then_the_exporter_exports_and_exits(
+        serve_workers, openai_upstream: FakeOpenAI,
+        otlp_receiver: tuple[OtlpReceiver, str]) -> None:
+    receiver, otlp_url = otlp_receiver
+    policy = single_backend_policy(openai_upstream.url,
+                                   server={"drain": {"announce_s": 0.0}})
+    process, url, _ = await serve_workers(policy, env={  # nothing exported before the end
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url, "OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    (exporter,) = exporter_pids(process.pid)
+    served = await traced_on_every_worker(int(url.rsplit(":", 1)[1]), worker_pids(process.pid))
+    assert not receiver.spans
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 30) == 0
+    assert set().union(*served.values()) <= {span.trace_id for span in receiver.spans}
+    assert not running(exporter)

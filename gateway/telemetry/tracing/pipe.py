@@ -20,6 +20,13 @@ The exporter process starts with the first hand-off (shutdown's too), and again
 `restart_after_s` after it died (not during shutdown). `force_flush` hands off what
 is queued and waits for the process to say it has exported it; `shutdown` flushes, closes the socket
 (end of file: the process exports what is left and exits) and waits for it.
+
+A worker of `serve --workers N` starts no process of its own: it connects (`connect_to`)
+to the one exporter process its supervisor runs (`shared_exporter.py`), in the same
+turns as it would start one, and the same way: the first hand-off connects, and a lost
+connection is tried again `restart_after_s` later, by the hand-off thread with a
+non-blocking connect; the spans in between are dropped and counted. Its `shutdown`
+flushes and closes only its connection.
 """
 
 from __future__ import annotations
@@ -39,15 +46,16 @@ from itertools import count
 from typing import Any
 
 from gateway.pipeline.record import RequestRecord
+from gateway.telemetry.tracing.export_process import exporter_config
 from gateway.telemetry.tracing.frames import (
     ACK,
     CONFIG,
     DROPPED,
     EXPORTED,
     FLUSH,
-    HEAD,
     RECORDS,
     TOKEN,
+    FrameBuffer,
     frame,
 )
 from gateway.telemetry.tracing.otlp_post import ExportConfig
@@ -68,7 +76,8 @@ STOP_TIMEOUT_S = 5.0
 
 
 class SpanPipe:
-    """The sink of a gateway exporting OTLP/HTTP from its own process."""
+    """The sink of a gateway exporting OTLP/HTTP from an exporter process: its own, or
+    the one at `connect_to` (a Unix socket path)."""
 
     def __init__(self, export: ExportConfig, *, resource: dict[str, Any],
                  schema_url: str = "", max_queue_spans: int = 8192,
@@ -76,11 +85,12 @@ class SpanPipe:
                  handoff_s: float = HANDOFF_S, handoff_records: int = HANDOFF_RECORDS,
                  buffer_bytes: int = SOCKET_BUFFER_BYTES,
                  restart_after_s: float = RESTART_AFTER_S,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, connect_to: str | None = None) -> None:
         self._timeout_s = export.timeout_s
-        self._config = {"export": vars(export), "resource": resource, "schema_url": schema_url,
-                        "max_batch_spans": max_batch_spans,
-                        "schedule_delay_s": schedule_delay_s}
+        self._config = exporter_config(export, resource=resource, schema_url=schema_url,
+                                       max_batch_spans=max_batch_spans,
+                                       schedule_delay_s=schedule_delay_s)
+        self._address = connect_to
         self._queue: deque[tuple[int, bytes]] = deque()  # (spans, marshalled record)
         self._max_records = max(1, max_queue_spans // SPANS_PER_REQUEST)
         self._handoff_records = max(1, min(max_batch_spans // SPANS_PER_REQUEST,
@@ -89,11 +99,11 @@ class SpanPipe:
         self._buffer_bytes, self._restart_after_s = buffer_bytes, restart_after_s
         self._command = command or [sys.executable, "-m",
                                     "gateway.telemetry.tracing.export_process"]
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # our own exporter's
         self._sock: socket.socket | None = None
         self._down_since = -float("inf")  # when the exporter process was last lost
         self._tail = b""  # the unsent end of a partly written frame
-        self._replies = bytearray()  # frames from the exporter process, not yet read
+        self._replies = FrameBuffer()  # frames from the exporter process, not yet read
         self._acked = 0  # the latest flush token the exporter process has answered
         self._tokens = count(1)
         self._dropped_queued = 0  # by the request path (one thread: the event loop's)
@@ -143,11 +153,9 @@ class SpanPipe:
         queue = self._queue
         size = len(queue)
         if not size:
-            process = self.process
-            if process is not None and process.poll() is not None:
-                with self._lock:  # died idle: count what it held now, not at the next span
-                    if self.process is process:
-                        self._gone()
+            if self._sock is not None:
+                with self._lock:  # gone idle: count what it held now, not at the next span
+                    self._read_replies()
             return
         items = [queue.popleft() for _ in range(size)]
         with self._lock:
@@ -186,21 +194,19 @@ class SpanPipe:
             if not chunk:
                 open_ = False
                 break
-            replies += chunk
-        while len(replies) >= HEAD.size:
-            size, kind = HEAD.unpack_from(replies)
-            if len(replies) < HEAD.size + size:
-                break
-            if kind in (ACK, DROPPED, EXPORTED) and size == TOKEN.size:
-                value = TOKEN.unpack_from(replies, HEAD.size)[0]
-                if kind == ACK:
-                    self._acked = max(self._acked, value)
-                else:
-                    self._in_exporter = max(0, self._in_exporter - value)
-                    if kind == DROPPED and value:
-                        self._dropped_exporting += value
-                        self._warn("the collector refused them or did not answer in time")
-            del replies[:HEAD.size + size]
+            replies.feed(chunk)
+        while (reply := replies.pop()) is not None:
+            kind, payload = reply
+            if kind not in (ACK, DROPPED, EXPORTED) or len(payload) != TOKEN.size:
+                continue
+            value = TOKEN.unpack(payload)[0]
+            if kind == ACK:
+                self._acked = max(self._acked, value)
+            else:
+                self._in_exporter = max(0, self._in_exporter - value)
+                if kind == DROPPED and value:
+                    self._dropped_exporting += value
+                    self._warn("the collector refused them or did not answer in time")
         return open_
 
     def _send(self, data: bytes) -> bool:
@@ -227,11 +233,31 @@ class SpanPipe:
             self._gone()
         # During shutdown a dead exporter is not restarted; one never started yet (the
         # gateway stopped before its first hand-off) starts, or its spans would be lost.
-        if (self.process is None
+        if (self._sock is None
                 and (not self._closing or self._down_since == -float("inf"))
                 and time.monotonic() - self._down_since >= self._restart_after_s):
-            self._start()
-        return self.process is not None
+            if self._address is None:
+                self._start()
+            else:
+                self._connect(self._address)
+        return self._sock is not None
+
+    def _connect(self, address: str) -> None:
+        """To the shared exporter process. Non-blocking: a Unix socket's connect is
+        taken at once, or refused (nobody listening, or its backlog full)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._buffer_bytes)
+            sock.setblocking(False)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            self._down_since = time.monotonic()
+            log.warning("trace exporter at %s unreachable (%s); spans are dropped until "
+                        "it answers (tried again in %.0f s)", address, exc,
+                        self._restart_after_s)
+            return
+        self._sock, self._tail, self._replies = sock, b"", FrameBuffer()
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -249,7 +275,7 @@ class SpanPipe:
             theirs.close()
         mine.sendall(frame(CONFIG, pickle.dumps(self._config)))
         mine.setblocking(False)
-        self._sock, self._tail, self._replies = mine, b"", bytearray()
+        self._sock, self._tail, self._replies = mine, b"", FrameBuffer()
 
     def _gone(self) -> None:
         process, self.process = self.process, None
@@ -261,7 +287,11 @@ class SpanPipe:
         lost, self._in_exporter = self._in_exporter, 0
         if lost:  # handed over, never reported exported or dropped: died with it
             self._drop(lost, "the exporter process died holding them")
-        if process is not None:
+        if process is None:
+            log.warning("connection to the trace exporter at %s lost; spans are dropped "
+                        "until it is back (tried again in %.0f s)", self._address,
+                        self._restart_after_s)
+        else:
             code = process.poll()
             if code is None:  # alive but its socket is not: of no use any more
                 process.kill()

@@ -16,11 +16,16 @@ Recognised variables (https://opentelemetry.io/docs/specs/otel/configuration/sdk
   `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`, `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY`.
 - `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`.
 
+And one of ours, set by the supervisor of `serve --workers N` for its workers, never by
+hand: `ROUTEGATE_TRACE_EXPORTER=unix:PATH`, the exporter process they all send to.
+
 Either way a request's spans are built from its finished record
 (`span_build.py`). With OTLP over HTTP as the only exporter (the usual production
 setting) the records go to a separate exporter process (`pipe.py`), which builds,
 encodes and sends the spans; gRPC, console and several exporters get them through
-one adapter into the SDK's stock `BatchSpanProcessor` (`sdk_sink.py`).
+one adapter into the SDK's stock `BatchSpanProcessor` (`sdk_sink.py`). Under
+`serve --workers N` that process is one for all workers, run by their supervisor
+(`export_process_settings` is what it starts it with).
 
 When neither an exporter nor an OTLP endpoint is named, tracing stays off.
 """
@@ -30,7 +35,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -52,6 +58,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from gateway.pipeline.record import RequestRecord
+from gateway.telemetry.tracing.export_process import exporter_config
 from gateway.telemetry.tracing.otlp_post import ExportConfig
 from gateway.telemetry.tracing.pipe import SpanPipe
 from gateway.telemetry.tracing.sdk_sink import ProcessorSink
@@ -63,6 +70,7 @@ DEFAULT_SERVICE_NAME = "routegate"
 DEFAULT_EXPORT_TIMEOUT_S = 10.0
 DEFAULT_EXPORT_BATCH_SPANS = 2048  # spans per export request (~1 MB of OTLP)
 DEFAULT_QUEUE_SPANS = 8192  # spans waiting for export before new ones are dropped
+TRACE_EXPORTER_ENV = "ROUTEGATE_TRACE_EXPORTER"
 _HTTP_DEFAULT = "http://localhost:4318"
 _GRPC_DEFAULT = "http://localhost:4317"
 
@@ -169,6 +177,56 @@ def export_process_config(env: Mapping[str, str]) -> ExportConfig | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ExportProcessSettings:
+    """What an exporter process is started with, and a `SpanPipe` bounded by."""
+
+    export: ExportConfig
+    resource: dict[str, Any]
+    schema_url: str
+    max_queue_spans: int
+    max_batch_spans: int
+    schedule_delay_s: float
+
+    def config(self) -> dict[str, Any]:
+        """The exporter process's config frame."""
+        return exporter_config(self.export, resource=self.resource,
+                               schema_url=self.schema_url,
+                               max_batch_spans=self.max_batch_spans,
+                               schedule_delay_s=self.schedule_delay_s)
+
+
+def export_process_settings(env: Mapping[str, str], service_name: str = DEFAULT_SERVICE_NAME,
+                            ) -> ExportProcessSettings | None:
+    """The exporter process the environment asks for (OTLP/HTTP and nothing else);
+    else None."""
+    export = export_process_config(env)
+    if export is None:
+        return None
+    resource = resource_from_env(env, service_name)
+    queue_spans, batch_spans, delay_ms = (
+        _int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS),
+        _int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_EXPORT_BATCH_SPANS),
+        _int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
+    return ExportProcessSettings(export, dict(resource.attributes), resource.schema_url or "",
+                                 queue_spans, min(batch_spans, queue_spans), delay_ms / 1000.0)
+
+
+def shared_exporter_env(path: Path) -> dict[str, str]:
+    """What tells a worker's `tracing_from_env` to send to the exporter at `path`."""
+    return {TRACE_EXPORTER_ENV: f"unix:{path}"}
+
+
+def _shared_exporter_path(env: Mapping[str, str]) -> str | None:
+    value = (env.get(TRACE_EXPORTER_ENV) or "").strip()
+    if not value:
+        return None
+    scheme, _, path = value.partition(":")
+    if scheme != "unix" or not path:
+        raise TracingConfigError(f"{TRACE_EXPORTER_ENV}={value!r}: use unix:PATH")
+    return path
+
+
 def _exporter_names(env: Mapping[str, str]) -> list[str]:
     """`OTEL_TRACES_EXPORTER`'s names; empty when tracing is off."""
     if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
@@ -253,16 +311,13 @@ def tracing_from_env(
         return None
     resource = resource_from_env(env, service_name)
     sampling = Sampling(sampler_from_env(env))
-    export = export_process_config(env) if exporters is None else None
-    if export is not None:
-        queue_spans, batch_spans, delay_ms = (
-            _int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS),
-            _int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_EXPORT_BATCH_SPANS),
-            _int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
+    piped = export_process_settings(env, service_name) if exporters is None else None
+    if piped is not None:
         return Tracing(sampling, SpanPipe(
-            export, resource=dict(resource.attributes), schema_url=resource.schema_url,
-            max_queue_spans=queue_spans, max_batch_spans=min(batch_spans, queue_spans),
-            schedule_delay_s=delay_ms / 1000.0))
+            piped.export, resource=piped.resource, schema_url=piped.schema_url,
+            max_queue_spans=piped.max_queue_spans, max_batch_spans=piped.max_batch_spans,
+            schedule_delay_s=piped.schedule_delay_s,
+            connect_to=_shared_exporter_path(env)))
     chosen = exporters if exporters is not None else exporters_from_env(env)
     # Larger batches than the SDK's 512 unless `OTEL_BSP_*` say otherwise: each export
     # costs a fixed share of CPU however few spans it carries (HTTP request, connection),

@@ -30,6 +30,22 @@ async def otlp_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
     await runner.cleanup()
 
 
+@pytest.fixture
+async def refusing_collector() -> AsyncIterator[str]:
+    """An OTLP/HTTP endpoint that refuses every export (400: not retried)."""
+    async def refuse(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=400, text="bad request")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    await runner.cleanup()
+
+
 @dataclass
 class Traced:
     gateway: RunningGateway

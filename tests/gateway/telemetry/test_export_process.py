@@ -330,22 +330,6 @@ async def test_a_value_that_cannot_be_sent_costs_its_spans_not_the_request(
     await asyncio.to_thread(provider.shutdown)
 
 
-@pytest.fixture
-async def refusing_collector() -> AsyncIterator[str]:
-    """An OTLP/HTTP endpoint that refuses every export (400: not retried)."""
-    async def refuse(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(status=400, text="bad request")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", refuse)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
-    await runner.cleanup()
-
-
 async def test_spans_the_collector_refuses_are_counted_as_dropped(
         refusing_collector: str) -> None:
     telemetry, pipe, provider = piped(refusing_collector, handoff_s=3600.0)
