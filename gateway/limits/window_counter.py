@@ -127,11 +127,12 @@ def _share_at_most(counted: int, most: int) -> int:
     return max(0, WINDOW_MS - (2 * most + 1) * WINDOW_MS // (2 * counted))
 
 
-def wait_ms(previous: int, current: int, elapsed_ms: int, most: int) -> int:
-    """Milliseconds until `used` is at most `most` (≥ 0) if nothing more is counted:
+def wait_ms(previous: int, current: int, elapsed_ms: int, most: int, counted: int) -> int:
+    """Milliseconds until the scope counts at most `most` (≥ 0) if nothing more is
+    counted; `counted` is what it counts now (`used`, which every caller has at hand):
     the previous window's weight falls until the current one ends, then the current
     window's does in the next."""
-    if used(previous, current, elapsed_ms) <= most:
+    if counted <= most:
         return 0
     if current <= most:  # here previous > 0: within this window, or as it ends
         return min(_share_at_most(previous, most - current), WINDOW_MS) - elapsed_ms
@@ -139,21 +140,21 @@ def wait_ms(previous: int, current: int, elapsed_ms: int, most: int) -> int:
     return WINDOW_MS - elapsed_ms + min(_share_at_most(current, most), WINDOW_MS)
 
 
-def retry_after_s(previous: int, current: int, elapsed_ms: int, need: int,
-                  limit: int) -> float | None:
+def retry_after_s(previous: int, current: int, elapsed_ms: int, need: int, limit: int,
+                  counted: int) -> float | None:
     """When `need` more would fit (None: never, it is more than the limit)."""
     if need > limit:
         return None
-    return wait_ms(previous, current, elapsed_ms, limit - need) / 1000
+    return wait_ms(previous, current, elapsed_ms, limit - need, counted) / 1000
 
 
-def reset_s(previous: int, current: int, elapsed_ms: int, limit: int) -> float:
+def reset_s(previous: int, current: int, elapsed_ms: int, limit: int, counted: int) -> float:
     """When capacity next returns: one more than is remaining now would fit (0 when
     nothing is counted)."""
-    counted = min(used(previous, current, elapsed_ms), limit)
+    counted = min(counted, limit)
     if counted <= 0:
         return 0.0
-    return wait_ms(previous, current, elapsed_ms, counted - 1) / 1000
+    return wait_ms(previous, current, elapsed_ms, counted - 1, counted) / 1000
 
 
 def refusal(scope: Scope, window: Window, elapsed_ms: int, tokens: int) -> Rejection | None:
@@ -179,8 +180,9 @@ def rejection_of(kind: Literal["requests", "tokens"], scope: Scope, window: Wind
         limit, need = scope.tokens_per_minute, tokens
         previous, current = w.previous_tokens, w.tokens
     assert limit is not None  # only a scope with that limit refuses by it
-    return Rejection(kind, scope, limit, used(previous, current, elapsed_ms), need,
-                     retry_after_s(previous, current, elapsed_ms, need, limit))
+    counted = used(previous, current, elapsed_ms)
+    return Rejection(kind, scope, limit, counted, need,
+                     retry_after_s(previous, current, elapsed_ms, need, limit, counted))
 
 
 def scope_state(scope: Scope, window: Window, elapsed_ms: int) -> ScopeState:
@@ -195,11 +197,11 @@ def requests_reset_s(state: ScopeState) -> float:
     """When one more request than remains now would fit in this scope."""
     assert state.scope.requests_per_minute is not None
     return reset_s(state.previous_requests, state.current_requests, state.elapsed_ms,
-                   state.scope.requests_per_minute)
+                   state.scope.requests_per_minute, state.requests)
 
 
 def tokens_reset_s(state: ScopeState) -> float:
     """When one more token than remains now would fit in this scope."""
     assert state.scope.tokens_per_minute is not None
     return reset_s(state.previous_tokens, state.current_tokens, state.elapsed_ms,
-                   state.scope.tokens_per_minute)
+                   state.scope.tokens_per_minute, state.tokens)
