@@ -20,17 +20,15 @@ a Content-Length set by hand.
 
 from __future__ import annotations
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from gateway.compat.aiohttp import (
-    EMPTY_BODY_STATUS_CODES,
     SERVER_SOFTWARE,
     must_be_empty_body,
-    one_write_writer,
+    one_write_start,
     rfc822_formatted_time,
     run_prepare_hook,
-    settle_keep_alive,
     write_whole,
 )
 
@@ -52,16 +50,12 @@ class WholeResponse(web.StreamResponse):
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self.prepared:  # aiohttp's answer: the writer, or None once finished
             return await super().prepare(request)
-        headers = self.headers
-        writer = None
-        if (request.version == HttpVersion11 and request.method != hdrs.METH_HEAD
-                and self.status not in EMPTY_BODY_STATUS_CODES
-                and hdrs.CONTENT_LENGTH not in headers):
-            writer = one_write_writer(request, self)
-        if writer is None:
+        start = one_write_start(request, self)
+        if start is None:
             return await self._prepare_as_aiohttp(request)
-        keep_alive = settle_keep_alive(self, request)
+        writer, keep_alive = start
         body = self._whole_body
+        headers = self.headers
         # The headers `web.Response` adds, in its order, before the prepare hook.
         headers[hdrs.CONTENT_LENGTH] = str(len(body))
         if body and hdrs.CONTENT_TYPE not in headers:
