@@ -6,8 +6,9 @@ valgrind, as `bench/tracing.py` counts "gateway CPU").
 
 CPU time per request on a shared 2-core machine moves by ±10 % from run to run, more
 than most single changes to the hot path save. An instruction count of the same code on
-the same load is repeatable to about 0.2 %, and on this workload it tracks user CPU
-time (about the same instructions per second for the bare proxy and routegate), so it
+the same load repeats far more closely (the spread over `--rounds` is in
+docs/benchmarks.md: compare ranges, not one count), and on this workload it tracks user
+CPU time (about the same instructions per second for the bare proxy and routegate), so it
 tells whether a change made the request path cheaper. It leaves out the kernel's share
 (the same system calls for all of them) and cache effects, so throughput ratios still
 come from `bench/overhead.py`.

@@ -6,8 +6,8 @@ aiohttp's public API here is what `aiohttp` and `aiohttp.web` export (their `__a
 for a saving measured in docs/benchmarks.md or a behaviour the public API cannot give:
 
 - whole responses in one write (`gateway/whole_response.py`): the request's payload
-  writer, the response's keep-alive, cookie and end-of-body state, the prepare hook and
-  the C header serialiser (`one_write_writer`, `settle_keep_alive`, `run_prepare_hook`,
+  writer, the response's status, header, keep-alive, cookie and end-of-body state, the
+  prepare hook and the C header serialiser (`one_write_start`, `run_prepare_hook`,
   `write_whole`, `must_be_empty_body`);
 - the server (`gateway/runner.py`): the runner's server factory (`HookedAppRunner`), the
   class of its connections (`make_connections_with`), a request's match info set without
@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import cast
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
 
 # The releases this module is tested with: >= MINIMUM, < BELOW (pyproject.toml says the same).
@@ -76,20 +76,19 @@ __all__ = [
     "drained",
     "make_connections_with",
     "must_be_empty_body",
-    "one_write_writer",
+    "one_write_start",
     "rfc822_formatted_time",
     "run_prepare_hook",
     "set_match_info",
-    "settle_keep_alive",
     "write_whole",
 ]
 
 # What the functions below (and the gateway's subclasses and calls) use, by the class or
-# module that holds it: an attribute, a method, or one its `__init__` sets.
+# module that holds it: an attribute, a method, or an instance attribute its methods set.
 _NEEDED: tuple[tuple[object, str], ...] = (
     *((web.StreamResponse, name) for name in (
         "_eof_sent", "_keep_alive", "_cookies", "_body_length", "_must_be_empty_body",
-        "compression", "chunked")),
+        "_status", "_reason", "_compression", "_chunked", "_headers")),
     *((web.Request, name) for name in ("_payload_writer", "_match_info", "_prepare_hook")),
     (StreamWriter, "_writelines"),
     (web.AppRunner, "_make_server"),
@@ -112,14 +111,15 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def _has(holder: object, name: str) -> bool:
+    """An attribute of `holder`, a `__slots__` entry, or one its classes' methods set."""
     if hasattr(holder, name):
         return True
     for cls in getattr(holder, "__mro__", ()):
-        init = vars(cls).get("__init__")
-        if name in getattr(getattr(init, "__code__", None), "co_names", ()):
-            return True
         if name in (getattr(cls, "__slots__", None) or ()):
             return True
+        for member in vars(cls).values():
+            if name in getattr(getattr(member, "__code__", None), "co_names", ()):
+                return True
     return False
 
 
@@ -143,24 +143,24 @@ def check_aiohttp(version: str | None = None) -> None:
 
 # -- whole responses in one write (gateway/whole_response.py) --------------------------
 
-def one_write_writer(request: web.BaseRequest,
-                     response: web.StreamResponse) -> StreamWriter | None:
-    """The request's payload writer when `response` can go out in one write: aiohttp's
-    own writer (not a test's), no cookies to add, neither compression nor chunking."""
+def one_write_start(request: web.BaseRequest,
+                    response: web.StreamResponse) -> tuple[StreamWriter, bool] | None:
+    """(the request's payload writer, whether the connection stays open) when `response`,
+    not yet prepared, can go out in one write: HTTP/1.1, not HEAD, a status with a body,
+    aiohttp's own writer (not a test's), no cookies, compression, chunking or
+    Content-Length set by hand. Keep-alive is settled as `prepare` settles it (the
+    request's unless the response decided), since aiohttp's handler reads it back."""
     writer = request._payload_writer
-    if (not isinstance(writer, StreamWriter) or response._cookies
-            or response.compression or response.chunked):
+    if (request.version != HttpVersion11 or request.method == hdrs.METH_HEAD
+            or response._status in EMPTY_BODY_STATUS_CODES or response._cookies
+            or response._compression or response._chunked
+            or hdrs.CONTENT_LENGTH in response._headers
+            or not isinstance(writer, StreamWriter)):
         return None
-    return writer
-
-
-def settle_keep_alive(response: web.StreamResponse, request: web.BaseRequest) -> bool:
-    """Whether the connection stays open after `response`, settled as `prepare` does:
-    the request's unless the response decided (aiohttp's handler reads it back)."""
     keep_alive = response._keep_alive
     if keep_alive is None:
         keep_alive = response._keep_alive = request.keep_alive
-    return keep_alive
+    return writer, keep_alive
 
 
 def run_prepare_hook(request: web.BaseRequest,
@@ -174,7 +174,7 @@ def write_whole(writer: StreamWriter, response: web.StreamResponse,
                 headers: CIMultiDict[str], body: bytes) -> None:
     """Status line, headers and body in one write, and `response` marked as finished.
     aiohttp's own serialiser (C) refuses a control character in a header."""
-    head = _serialize_headers(f"HTTP/1.1 {response.status} {response.reason}", headers)
+    head = _serialize_headers(f"HTTP/1.1 {response._status} {response._reason}", headers)
     writer._writelines((head, body) if body else (head,))
     response._eof_sent = True
     response._body_length = writer.output_size

@@ -21,11 +21,13 @@ Three things differ from aiohttp's own runner:
 Fixed paths:
 
 aiohttp's `Application` resolves every request through its router, builds (or looks
-up) the middleware chain for the match and freezes a fresh match info: ~8 µs of a
-proxied request's CPU, for paths that never change. At start-up the runner takes each
+up) the middleware chain for the match and freezes a fresh match info, for paths that
+never change (what that costs a request, counted against the router doing it, is in
+docs/benchmarks.md, "aiohttp's private parts"). At start-up the runner takes each
 route of a fixed path (`/v1/chat/completions`, `/healthz`, …) with its handler already
 wrapped in the app's middlewares, and one frozen match info per route; a request for
-one of them goes straight to it. Anything else (a path with variables, an unknown path,
+one of them goes straight to it (the match info set as the router would set it:
+`compat.aiohttp.set_match_info`). Anything else (a path with variables, an unknown path,
 the wrong method) takes the app's own path, so 404s, 405s and sub-applications behave
 exactly as before.
 

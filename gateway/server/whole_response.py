@@ -6,8 +6,9 @@ out keep-alive, chunking, compression and the default headers, serialises the he
 block into the writer's buffer, and `write_eof` joins it with the body and writes.
 For a reply that needs none of that machinery this module builds the status line and
 the header block and hands them to the writer with the body in one write, from
-`prepare`: ≈ 30,000 fewer instructions per proxied request, 4 % of the gateway's
-(`bench/instructions.py`).
+`prepare`: 2.2–2.8 % fewer instructions per proxied request than `web.Response`
+(docs/benchmarks.md, "aiohttp's private parts"). What it takes of aiohttp's insides is
+in `gateway.compat.aiohttp`, checked against the installed release at start-up.
 
 The bytes on the wire are what `web.Response` would send for the same status, headers
 and body — the same header order, `Content-Length`, `Date`, `Server`, a default
@@ -20,24 +21,21 @@ a Content-Length set by hand.
 
 from __future__ import annotations
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from gateway.compat.aiohttp import (
-    EMPTY_BODY_STATUS_CODES,
     SERVER_SOFTWARE,
     must_be_empty_body,
-    one_write_writer,
+    one_write_start,
     rfc822_formatted_time,
     run_prepare_hook,
-    settle_keep_alive,
     write_whole,
 )
 
 
 class WholeResponse(web.StreamResponse):
-    """`web.Response(status=, body=, headers=)` for a body of bytes, sent in one write
-    (what it takes of aiohttp's insides is in `gateway.compat.aiohttp`)."""
+    """`web.Response(status=, body=, headers=)` for a body of bytes, sent in one write."""
 
     def __init__(self, *, status: int = 200, body: bytes = b"",
                  headers: dict[str, str] | None = None) -> None:
@@ -52,16 +50,12 @@ class WholeResponse(web.StreamResponse):
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self.prepared:  # aiohttp's answer: the writer, or None once finished
             return await super().prepare(request)
-        headers = self.headers
-        writer = None
-        if (request.version == HttpVersion11 and request.method != hdrs.METH_HEAD
-                and self.status not in EMPTY_BODY_STATUS_CODES
-                and hdrs.CONTENT_LENGTH not in headers):
-            writer = one_write_writer(request, self)
-        if writer is None:
+        start = one_write_start(request, self)
+        if start is None:
             return await self._prepare_as_aiohttp(request)
-        keep_alive = settle_keep_alive(self, request)
+        writer, keep_alive = start
         body = self._whole_body
+        headers = self.headers
         # The headers `web.Response` adds, in its order, before the prepare hook.
         headers[hdrs.CONTENT_LENGTH] = str(len(body))
         if body and hdrs.CONTENT_TYPE not in headers:

@@ -1,12 +1,14 @@
 """A lean HTTP/1.1 keep-alive client for backends, on aiohttp's own protocol and parser.
 
-`aiohttp.ClientSession` spends ~60-75 µs of CPU per request on this path (URL and
-header objects, the connector, cookie and trace hooks, a timer context, payload
-objects, the response wrapper); the gateway's whole budget per request is a few
-hundred. A backend call is always the same shape — POST a JSON body to a known host
-and read one response — so this client keeps only the parts that do the work:
+`aiohttp.ClientSession` does much more per request on this path (URL and header
+objects, the connector, cookie and trace hooks, a timer context, payload objects, the
+response wrapper): counted, 22–26 % more instructions for the whole proxied request
+(docs/benchmarks.md, "aiohttp's private parts"). A backend call is always the same
+shape — POST a JSON body to a known host and read one response — so this client keeps
+only the parts that do the work:
 
-- aiohttp's `ResponseHandler` protocol with its C (llhttp) response parser: chunked and
+- aiohttp's `ResponseHandler` protocol with its C (llhttp) response parser (not public
+  API: taken from `gateway.compat.aiohttp`, which checks the aiohttp release): chunked and
   content-length bodies, gzip/deflate/br, the socket-read timeout, `ClientPayloadError`
   and `ServerDisconnectedError` exactly as a `ClientSession` raises them;
 - a pool of kept-alive connections per backend, bounded (`max_connections`), LIFO so
