@@ -20,7 +20,8 @@ About 30 s per process for the default 1,000 requests.
 
 `--tree LABEL=DIR` adds routegate served from another checkout's source (DIR: a copy of
 the repository with one change undone, say) under the same interpreter and packages,
-so a change is counted against the code without it in one run. `--rounds N` measures
+so a change is counted against the code without it in one run; a LABEL ending in
+" traced" serves it traced, as "routegate traced" is. `--rounds N` measures
 every process N times, interleaved, and prints each round: a difference is past noise
 when the ranges of the rounds do not overlap.
 
@@ -165,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         policy.write_text(routegate_policy(upstream))
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {int(others.split("-")[0])})  # the load generator
-        traced_env = _traced_env(env, others, sink) if TRACED in chosen else env
+        traced = {name for name in chosen if name == TRACED or name.endswith(" traced")}
+        traced_env = _traced_env(env, others, sink) if traced else env
         for _ in range(args.rounds):
             rounds.append({name: count(name, upstream, policy, args.requests,
-                                       traced_env if name == TRACED else env, trees)
+                                       traced_env if name in traced else env, trees)
                            for name in chosen})
     finally:
         for process in [upstream_process, *sink]:
