@@ -104,6 +104,12 @@ class LimitsAdmission:
         if ctx.target is not None and (input_tokens or output_tokens):
             cost = cost_micros(ctx.target.backend, ctx.target.spec, input_tokens, output_tokens,
                                amortised_price_usd_per_mtok=ctx.amortised_usd_per_mtok)
-        ctx.record.cost_micros = cost
+        record = ctx.record
+        record.cost_micros = cost
+        if record.input_tokens is None and record.output_tokens is None and (
+                input_tokens or output_tokens):
+            # the backend reported no usage (a stream cut short, a reply without it):
+            # what was charged is the request's usage everywhere else too
+            record.input_tokens, record.output_tokens = input_tokens, output_tokens
         await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
                                   charge=Charge(input_tokens, output_tokens, cost))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 
 import aiohttp
 import openai
@@ -109,6 +110,12 @@ async def test_a_stream_cancelled_after_10_tokens_is_charged_10_tokens(
     upstream.resume.set()
     assert report["day"]["output_tokens"] == 10
     assert report["day"]["requests"] == 1
+    async with aiohttp.ClientSession() as session, \
+            session.get(gateway.url + "/metrics") as metrics:
+        exposition = await metrics.text()
+    # the backend never reported usage: /metrics counts what the ledger charged
+    assert re.search(r'routegate_tokens_total\{[^}]*direction="output"[^}]*\} 10\.0',
+                     exposition), exposition
 
 
 async def test_usage_needs_an_admin_key(start_upstream: StartUpstream,
