@@ -16,6 +16,8 @@ from local_backend.checkpoint import BUNDLED, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.runner import ModelRunner
 from local_backend.model.config import ModelLoadError
+from local_backend.model.cpu_weights import CPU_WEIGHTS
+from local_backend.model.llama import LlamaForCausalLM
 from local_backend.server.app import create_app
 from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
@@ -38,12 +40,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: by memory)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--weights", choices=("auto", "fp32", *CPU_WEIGHTS), default="auto", help=(
+        "how the weights are stored on CPU (docs/local-backend.md): int4 and int8 are "
+        "weight-only quantisations computed in bf16, bf16 halves fp32's bytes; auto takes "
+        "int4 for a 4-bit GGUF, int8 for another quantised GGUF, fp32 otherwise. On CUDA "
+        "only auto (bf16 or fp16)"))
     return p.parse_args(argv)
 
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(os.environ.get("ROUTEGATE_CACHE_DIR") or Path(base) / "routegate")
+
+
+def weight_format(model: LlamaForCausalLM) -> str:
+    return model.weight_format or str(model.compute_dtype).removeprefix("torch.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
+    if use_cuda and args.weights != "auto":
+        print(f"error: --weights {args.weights} is for CPU; on CUDA the engine runs bf16 "
+              "(or fp16) weights, so leave --weights at auto", file=sys.stderr)
+        return 2
+    weights = None if args.weights == "fp32" else args.weights
     if use_cuda:
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
@@ -63,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads or max(1, min(os.cpu_count() or 1, 8)))
     try:
         checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
-                                     progress=sys.stderr if sys.stderr.isatty() else None)
+                                     progress=sys.stderr if sys.stderr.isatty() else None,
+                                     weights=weights)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -88,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = Engine(model, tokenizer, config, eos_token_ids=generation.eos_token_ids)
     provider = tracer_provider_from_env()
     app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)
-    log.info("serving %s on http://%s:%d (%s, %s, %d KV blocks of %d tokens)", name, args.host,
-             args.port, device, str(dtype).removeprefix("torch."), num_blocks, args.block_size)
+    log.info("serving %s on http://%s:%d (%s, %s weights, %d KV blocks of %d tokens)", name,
+             args.host, args.port, device, weight_format(model), num_blocks, args.block_size)
     try:
         return asyncio.run(serve(app, args.host, args.port))
     finally:

@@ -142,7 +142,8 @@ class LlamaAttention(nn.Module):
             qk = qkv[:, : self.heads + self.kv_heads]
         rotated = apply_rope(qk, cos, sin)  # q and k at once
         q, k = rotated[:, : self.heads], rotated[:, self.heads :]
-        v = qkv[:, self.heads + self.kv_heads :]
+        # With low-precision weights (cpu_weights) qkv is bf16 and the rotation fp32.
+        v = qkv[:, self.heads + self.kv_heads :].to(q.dtype)
         out = attn(self.layer, q, k, v)
         return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
 
@@ -180,7 +181,8 @@ class LlamaModel(nn.Module):
         # Built around an empty tensor: the weights always come from a checkpoint, and the
         # default random init on the meta device imports torch's reference ops (a second
         # of CPU at start-up).
-        self.embed_tokens = nn.Embedding(
+        # nn.Embedding, or a table in a CPU weight format (model/cpu_weights.py).
+        self.embed_tokens: nn.Module = nn.Embedding(
             config.vocab_size, config.hidden_size,
             _weight=torch.empty(config.vocab_size, config.hidden_size),
         )
@@ -197,10 +199,23 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # nn.Linear, or an OutputHead over a CPU weight format's table.
+        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            head.weight = typing.cast(nn.Embedding, self.model.embed_tokens).weight
+        self.lm_head: nn.Module = head
+        self.kv_cache_dtype: torch.dtype | None = None  # None: the compute dtype
+        self.weight_format: str | None = None  # a CPU weight format's name; None: compute dtype
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the activations and the KV cache (whatever the weights are stored in)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.compute_dtype
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention
