@@ -53,7 +53,8 @@ class PagedAttention:
         kc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(kc.dtype))
         vc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(vc.dtype))
         dtype, work = q.dtype, self.work_dtype(q)
-        q, k, v = q.to(work), k.to(work), v.to(work)
+        if work != dtype:
+            q, k, v = q.to(work), k.to(work), v.to(work)
         blocks_k, blocks_v = kc.view(num_blocks, -1), vc.view(num_blocks, -1)
 
         def gather(blocks: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -61,15 +62,16 @@ class PagedAttention:
             rows = blocks.index_select(0, ids)  # one copy, faster than advanced indexing
             return rows.view(-1, kv_heads, head_dim).to(work)
 
-        out = torch.empty_like(q)
         d = meta.num_decodes
+        # A step of decodes only (the common case) needs no output buffer to fill.
+        out = q if d == q.shape[0] else torch.empty_like(q)
         if d:
             assert meta.decode_block_tables is not None
             tables = meta.decode_block_tables  # [decodes, max_blocks]
             # → [decodes, max_blocks * block, kv_heads, dim] → [decodes, kv_heads, keys, dim]
             keys = gather(blocks_k, tables.flatten()).view(d, -1, kv_heads, head_dim)
             values = gather(blocks_v, tables.flatten()).view(d, -1, kv_heads, head_dim)
-            out[:d] = F.scaled_dot_product_attention(
+            decoded = F.scaled_dot_product_attention(
                 q[:d].unsqueeze(2),  # [decodes, heads, 1, dim]
                 keys.transpose(1, 2),
                 values.transpose(1, 2),
@@ -77,6 +79,9 @@ class PagedAttention:
                 scale=self.scale,
                 enable_gqa=True,
             ).squeeze(2)
+            if out is q:
+                return decoded.to(dtype)
+            out[:d] = decoded
         for chunk in meta.prefills:
             s, n = chunk.start, chunk.length
             query = q[s : s + n].transpose(0, 1)  # [heads, n, dim]
