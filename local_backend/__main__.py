@@ -8,15 +8,17 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from local_backend.checkpoint import BUNDLED, load_checkpoint
+from local_backend.checkpoint import BUNDLED, Checkpoint, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.runner import ModelRunner
 from local_backend.model.config import ModelLoadError
-from local_backend.model.cpu_weights import CPU_WEIGHTS
+from local_backend.model.cpu_weights import CPU_WEIGHTS, CpuWeights
 from local_backend.model.llama import LlamaForCausalLM
 from local_backend.server.app import create_app
 from local_backend.server.runner import serve
@@ -57,6 +59,35 @@ def weight_format(model: LlamaForCausalLM) -> str:
     return model.weight_format or str(model.compute_dtype).removeprefix("torch.")
 
 
+def build_engine(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+    weights: CpuWeights | Literal["auto"] | None,
+) -> tuple[Engine, Checkpoint, int]:
+    """Load the checkpoint and build the engine around it; returns it with its KV blocks."""
+    checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
+                                 progress=sys.stderr if sys.stderr.isatty() else None,
+                                 weights=weights)
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
+    per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
+    num_blocks = args.num_blocks
+    if num_blocks is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            num_blocks = int(free * GPU_KV_FRACTION) // per_block
+        else:
+            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
+            num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+        block_size=args.block_size, num_blocks=num_blocks,
+        # Per-step token budget: bounds how long a prefill chunk delays running streams.
+        max_num_batched_tokens=2048 if device.type == "cuda" else 256,
+        max_model_len=model.config.max_position_embeddings,
+    )
+    engine = Engine(model, tokenizer, config, eos_token_ids=checkpoint.generation.eos_token_ids)
+    return engine, checkpoint, num_blocks
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -78,31 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads or max(1, min(os.cpu_count() or 1, 8)))
     try:
-        checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
-                                     progress=sys.stderr if sys.stderr.isatty() else None,
-                                     weights=weights)
+        # Built in a thread of its own that ends before serving: every OpenMP thread team
+        # torch starts stays alive in its thread, and with more OpenMP threads alive than
+        # cores libgomp stops spinning between parallel regions (GOMP_SPINCOUNT), which
+        # slowed every decode step of the engine thread (docs/benchmarks.md). So no torch
+        # work runs in the main thread, whose event loop only serves HTTP.
+        with ThreadPoolExecutor(1, thread_name_prefix="load") as loader:
+            engine, checkpoint, num_blocks = loader.submit(
+                build_engine, args, device, dtype, weights).result()
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    model, tokenizer, name = checkpoint.model, checkpoint.tokenizer, checkpoint.name
-    per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
-    num_blocks = args.num_blocks
-    if num_blocks is None:
-        if use_cuda:
-            free, _ = torch.cuda.mem_get_info()
-            num_blocks = int(free * GPU_KV_FRACTION) // per_block
-        else:
-            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
-            num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-        block_size=args.block_size, num_blocks=num_blocks,
-        # Per-step token budget: bounds how long a prefill chunk delays running streams.
-        max_num_batched_tokens=2048 if use_cuda else 256,
-        max_model_len=model.config.max_position_embeddings,
-    )
-    generation = checkpoint.generation
-    engine = Engine(model, tokenizer, config, eos_token_ids=generation.eos_token_ids)
+    name, model, generation = checkpoint.name, checkpoint.model, checkpoint.generation
     provider = tracer_provider_from_env()
     app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)
     log.info("serving %s on http://%s:%d (%s, %s weights, %d KV blocks of %d tokens)", name,
