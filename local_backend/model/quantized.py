@@ -7,9 +7,10 @@ Each layer casts its input itself, so the residual stream around them stays fp32
 
 - int8: one scale per output row, levels −127..127 (symmetric).
 - int4: a scale and a zero per group of 32 input features, levels 0..15 (asymmetric,
-  the group's minimum and maximum at the two ends). A GGUF Q4_1 tensor's groups of
-  32 are exactly such 16-level grids with both ends used, so its levels come back
-  unchanged and only its scales and zeros are rounded (to bf16).
+  the group's minimum and maximum at the two ends), then the scale and zero refitted
+  to those levels by least squares in bf16. A GGUF Q4_1 tensor's groups of 32 are
+  exactly such 16-level grids with both ends used, so its levels come back unchanged
+  and only its scales and zeros are rounded (to bf16).
 """
 
 from __future__ import annotations
@@ -63,9 +64,25 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # (w − zero) / scale + 8.
         inverse = 1 / scale
         block = torch.addcmul((8 - zero * inverse)[..., None], w[rows], inverse[..., None])
-        levels[rows] = block.round_().clamp_(0, INT4_LEVELS - 1).flatten(1)
-        scale_zero[rows, :, 0], scale_zero[rows, :, 1] = scale, zero
+        block = block.round_().clamp_(0, INT4_LEVELS - 1)  # [rows, groups, 32]
+        levels[rows] = block.flatten(1)
+        scale_zero[rows, :, 0], scale_zero[rows, :, 1] = _refit(w[rows], block - 8)
     return levels, scale_zero.transpose(0, 1).contiguous().to(COMPUTE_DTYPE)
+
+
+def _refit(w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 scale and zero [rows, groups] that best fit w ≈ t · scale + zero for fixed
+    levels t (least squares, each rounded to bf16 in turn). Rounding a Q4_1 step to
+    bf16 errs by up to 2⁻⁸ of it, the same way for the whole group; refitting the zero to
+    the rounded scale takes the mean of that error out, so what is left averages out in
+    a dot product instead of adding up."""
+    t_mean, w_mean = t.mean(-1, keepdim=True), w.mean(-1, keepdim=True)
+    spread = ((t - t_mean) ** 2).sum(-1)
+    fitted = ((t - t_mean) * (w - w_mean)).sum(-1) / spread.clamp(min=1)
+    tiny = torch.finfo(COMPUTE_DTYPE).tiny
+    scale = torch.where(spread > 0, fitted, 0).clamp(min=tiny).to(COMPUTE_DTYPE).float()
+    zero = (w - t * scale[..., None]).mean(-1).to(COMPUTE_DTYPE).float()
+    return scale, zero
 
 
 def dequantize_int4(levels: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
