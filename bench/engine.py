@@ -1,7 +1,7 @@
 """Engine throughput and latency over HTTP vs one-request-at-a-time generation, same weights.
 
     .venv/bin/python bench/engine.py [--threads 2] [--concurrency 1 4 8 16 32]
-        [--real [--llama-cpp PYTHON]]
+        [--real [--llama-cpp PYTHON] [--weights auto|fp32|bf16|int8|int4]]
 
 The baseline is the plain loop a single user would write: one request at a time,
 a contiguous KV cache, greedy decoding, in process (no HTTP). The engine runs as
@@ -193,9 +193,11 @@ def main() -> int:
     parser.add_argument("--llama-cpp", metavar="PYTHON",
                         help="a python with llama-cpp-python[server] (or "
                              "$ROUTEGATE_LLAMA_CPP_PYTHON)")
+    parser.add_argument("--weights", default="auto",
+                        help="the engine's --weights for the real model (auto: int4 for it)")
     args = parser.parse_args()
     if args.real or args.real_only:
-        real(args.threads, args.llama_cpp)
+        real(args.threads, args.llama_cpp, args.weights)
     if args.real_only:
         return 0
     torch.set_num_threads(args.threads)
@@ -247,18 +249,19 @@ def main() -> int:
     return 0
 
 
-def real(threads: int, llama_cpp: str | None) -> None:
+def real(threads: int, llama_cpp: str | None, weights: str) -> None:
     from local_backend.checkpoint import bundled_path
 
     concurrency = [1, 16]
-    ours = real_model.engine(free_port(), threads, concurrency)
+    ours = real_model.engine(free_port(), threads, concurrency, weights)
     python = real_model.llama_cpp_python(llama_cpp)
     theirs = None
     if python is not None:
         theirs = real_model.llama_cpp(python, bundled_path(real_model.MODEL), free_port(),
                                       threads, concurrency)
     real_model.report(ours, theirs, threads,
-                      "not installed: pass --llama-cpp PYTHON (llama-cpp-python[server])")
+                      "not installed: pass --llama-cpp PYTHON (llama-cpp-python[server])",
+                      weights)
 
 
 if __name__ == "__main__":

@@ -120,10 +120,10 @@ def serve(command: list[str], ready_url: str, body: dict[str, object], url: str,
     return Figures(load_s, rows)
 
 
-def engine(port: int, threads: int, concurrency: list[int]) -> Figures:
+def engine(port: int, threads: int, concurrency: list[int], weights: str = "auto") -> Figures:
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "local_backend", "--model", MODEL, "--port", str(port),
-               "--threads", str(threads)]
+               "--threads", str(threads), "--weights", weights]
     body = {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     return serve(command, base + "/health", body, base + "/v1/completions", concurrency)
@@ -150,8 +150,9 @@ def llama_cpp_python(option: str | None) -> str | None:
     return candidate if probe.returncode == 0 else None
 
 
-def report(ours: Figures, theirs: Figures | None, threads: int, why_missing: str) -> None:
-    print(f"\nreal model: {MODEL} (GGUF Q4_1; the engine dequantises to fp32), {threads} CPU "
+def report(ours: Figures, theirs: Figures | None, threads: int, why_missing: str,
+           weights: str = "auto") -> None:
+    print(f"\nreal model: {MODEL} (GGUF Q4_1; engine --weights {weights}), {threads} CPU "
           f"threads, {NEW_TOKENS} new tokens per request, greedy")
     print(f"{'':28}{'load s':>8}{'tok/s':>9}{'TTFT p50 ms':>13}{'p95 ms':>9}{'decode tok/s':>14}")
     for label, figures in (("engine", ours), ("llama.cpp", theirs)):

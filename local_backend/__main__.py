@@ -8,14 +8,18 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from local_backend.checkpoint import BUNDLED, load_checkpoint
+from local_backend.checkpoint import BUNDLED, Checkpoint, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.runner import ModelRunner
 from local_backend.model.config import ModelLoadError
+from local_backend.model.cpu_weights import CPU_WEIGHTS, CpuWeights
+from local_backend.model.llama import LlamaForCausalLM
 from local_backend.server.app import create_app
 from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
@@ -38,12 +42,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: by memory)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--weights", choices=("auto", "fp32", *CPU_WEIGHTS), default="auto", help=(
+        "how the weights are stored on CPU (docs/local-backend.md): int4 and int8 are "
+        "weight-only quantisations computed in bf16, bf16 halves fp32's bytes; auto takes "
+        "int4 for a 4-bit GGUF, int8 for another quantised GGUF, fp32 otherwise. On CUDA "
+        "only auto (bf16 or fp16)"))
     return p.parse_args(argv)
 
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(os.environ.get("ROUTEGATE_CACHE_DIR") or Path(base) / "routegate")
+
+
+def weight_format(model: LlamaForCausalLM) -> str:
+    return model.weight_format or str(model.compute_dtype).removeprefix("torch.")
+
+
+def build_engine(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+    weights: CpuWeights | Literal["auto"] | None,
+) -> tuple[Engine, Checkpoint, int]:
+    """Load the checkpoint and build the engine around it; returns it with its KV blocks."""
+    checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
+                                 progress=sys.stderr if sys.stderr.isatty() else None,
+                                 weights=weights)
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
+    per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
+    num_blocks = args.num_blocks
+    if num_blocks is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            num_blocks = int(free * GPU_KV_FRACTION) // per_block
+        else:
+            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
+            num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+        block_size=args.block_size, num_blocks=num_blocks,
+        # Per-step token budget: bounds how long a prefill chunk delays running streams.
+        max_num_batched_tokens=2048 if device.type == "cuda" else 256,
+        max_model_len=model.config.max_position_embeddings,
+    )
+    engine = Engine(model, tokenizer, config, eos_token_ids=checkpoint.generation.eos_token_ids)
+    return engine, checkpoint, num_blocks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
+    if use_cuda and args.weights != "auto":
+        print(f"error: --weights {args.weights} is for CPU; on CUDA the engine runs bf16 "
+              "(or fp16) weights, so leave --weights at auto", file=sys.stderr)
+        return 2
+    weights = None if args.weights == "fp32" else args.weights
     if use_cuda:
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
@@ -62,34 +109,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads or max(1, min(os.cpu_count() or 1, 8)))
     try:
-        checkpoint = load_checkpoint(args.model, cache_dir(), device=device, dtype=dtype,
-                                     progress=sys.stderr if sys.stderr.isatty() else None)
+        # Built in a thread of its own that ends before serving: every OpenMP thread team
+        # torch starts stays alive in its thread, and with more OpenMP threads alive than
+        # cores libgomp stops spinning between parallel regions (GOMP_SPINCOUNT), which
+        # slowed every decode step of the engine thread (docs/benchmarks.md). So no torch
+        # work runs in the main thread, whose event loop only serves HTTP.
+        with ThreadPoolExecutor(1, thread_name_prefix="load") as loader:
+            engine, checkpoint, num_blocks = loader.submit(
+                build_engine, args, device, dtype, weights).result()
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    model, tokenizer, name = checkpoint.model, checkpoint.tokenizer, checkpoint.name
-    per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
-    num_blocks = args.num_blocks
-    if num_blocks is None:
-        if use_cuda:
-            free, _ = torch.cuda.mem_get_info()
-            num_blocks = int(free * GPU_KV_FRACTION) // per_block
-        else:
-            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
-            num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-        block_size=args.block_size, num_blocks=num_blocks,
-        # Per-step token budget: bounds how long a prefill chunk delays running streams.
-        max_num_batched_tokens=2048 if use_cuda else 256,
-        max_model_len=model.config.max_position_embeddings,
-    )
-    generation = checkpoint.generation
-    engine = Engine(model, tokenizer, config, eos_token_ids=generation.eos_token_ids)
+    name, model, generation = checkpoint.name, checkpoint.model, checkpoint.generation
     provider = tracer_provider_from_env()
     app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)
-    log.info("serving %s on http://%s:%d (%s, %s, %d KV blocks of %d tokens)", name, args.host,
-             args.port, device, str(dtype).removeprefix("torch."), num_blocks, args.block_size)
+    log.info("serving %s on http://%s:%d (%s, %s weights, %d KV blocks of %d tokens)", name,
+             args.host, args.port, device, weight_format(model), num_blocks, args.block_size)
     try:
         return asyncio.run(serve(app, args.host, args.port))
     finally:

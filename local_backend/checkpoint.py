@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import torch
 
@@ -17,6 +17,7 @@ from local_backend.demo import ensure_demo_model
 from local_backend.generation_config import GenerationConfig
 from local_backend.model.checkpoint_files import gguf_path
 from local_backend.model.config import ModelLoadError
+from local_backend.model.cpu_weights import CpuWeights
 from local_backend.model.llama import LlamaForCausalLM
 from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer
@@ -65,6 +66,15 @@ def resolve(model: str, cache_dir: Path) -> tuple[str, Path]:
     return (resolved.stem if resolved.suffix == ".gguf" else resolved.name), resolved
 
 
+def auto_weights(path: Path) -> CpuWeights | None:
+    """`--weights auto` on CPU: what a GGUF file stores (`stored_weights`), fp32 otherwise."""
+    if gguf_path(path) is None:
+        return None
+    from local_backend.model.gguf_loader import stored_weights
+
+    return stored_weights(path)
+
+
 def load_checkpoint(
     model: str,
     cache_dir: Path,
@@ -72,17 +82,22 @@ def load_checkpoint(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = None,
+    weights: CpuWeights | Literal["auto"] | None = None,
 ) -> Checkpoint:
+    """`weights`: a CPU weight format (`cpu_weights`), "auto" for the one the checkpoint
+    suggests on CPU (`auto_weights`; nothing on other devices), or None for `dtype`."""
     name, path = resolve(model, cache_dir)
-    weights = load_model(path, device=device, dtype=dtype, progress=progress)
+    if weights == "auto":
+        weights = auto_weights(path) if torch.device(device).type == "cpu" else None
+    loaded = load_model(path, device=device, dtype=dtype, progress=progress, weights=weights)
     found = gguf_path(path)
     if found is None:
         tokenizer = Tokenizer.from_dir(path)
-        generation = GenerationConfig.from_dir(path, weights.config.eos_token_ids, tokenizer)
+        generation = GenerationConfig.from_dir(path, loaded.config.eos_token_ids, tokenizer)
     else:
         from local_backend.gguf_tokenizer import tokenizer_from_gguf
         from local_backend.model.gguf_loader import open_gguf
 
         tokenizer = tokenizer_from_gguf(open_gguf(found.resolve()))
-        generation = GenerationConfig.from_ids(weights.config.eos_token_ids, tokenizer)
-    return Checkpoint(name, weights, tokenizer, generation)
+        generation = GenerationConfig.from_ids(loaded.config.eos_token_ids, tokenizer)
+    return Checkpoint(name, loaded, tokenizer, generation)

@@ -4,6 +4,10 @@ Cache layout per layer: [num_blocks, block_size, kv_heads, head_dim]. A step's
 tokens are laid out decodes first (one token each), then prefill chunks. Decodes
 run as one SDPA call over their gathered, padded block tables; each prefill chunk
 runs its own call (causal within the chunk, full view of its cached prefix).
+
+On CPU, attention is computed in fp32 even where q/k/v or the cache are bf16/fp16:
+torch's CPU attention kernels are far slower in bf16 than in fp32 on CPUs without AMX
+(docs/benchmarks.md), and the scores and softmax are more precise for it.
 """
 
 from __future__ import annotations
@@ -45,25 +49,39 @@ class PagedAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         kc, vc, meta = self.k_cache[layer], self.v_cache[layer], self.meta
-        kv_heads, head_dim = kc.shape[2], kc.shape[3]
-        kc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        vc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-        out = torch.empty_like(q)
+        num_blocks, _, kv_heads, head_dim = kc.shape
+        kc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(kc.dtype))
+        vc.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(vc.dtype))
+        dtype, work = q.dtype, self.work_dtype(q)
+        if work != dtype:
+            q, k, v = q.to(work), k.to(work), v.to(work)
+        blocks_k, blocks_v = kc.view(num_blocks, -1), vc.view(num_blocks, -1)
+
+        def gather(blocks: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            """ids [n] → [n * block_size, kv_heads, dim] in the working dtype."""
+            rows = blocks.index_select(0, ids)  # one copy, faster than advanced indexing
+            return rows.view(-1, kv_heads, head_dim).to(work)
+
         d = meta.num_decodes
+        # A step of decodes only (the common case) needs no output buffer to fill.
+        out = q if d == q.shape[0] else torch.empty_like(q)
         if d:
             assert meta.decode_block_tables is not None
-            tables = meta.decode_block_tables
-            # [decodes, max_blocks, block, kv_heads, dim] → [decodes, kv_heads, keys, dim]
-            keys = kc[tables].flatten(1, 2).transpose(1, 2)
-            values = vc[tables].flatten(1, 2).transpose(1, 2)
-            out[:d] = F.scaled_dot_product_attention(
+            tables = meta.decode_block_tables  # [decodes, max_blocks]
+            # → [decodes, max_blocks * block, kv_heads, dim] → [decodes, kv_heads, keys, dim]
+            keys = gather(blocks_k, tables.flatten()).view(d, -1, kv_heads, head_dim)
+            values = gather(blocks_v, tables.flatten()).view(d, -1, kv_heads, head_dim)
+            decoded = F.scaled_dot_product_attention(
                 q[:d].unsqueeze(2),  # [decodes, heads, 1, dim]
-                keys,
-                values,
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
                 attn_mask=meta.decode_mask,
                 scale=self.scale,
                 enable_gqa=True,
             ).squeeze(2)
+            if out is q:
+                return decoded.to(dtype)
+            out[:d] = decoded
         for chunk in meta.prefills:
             s, n = chunk.start, chunk.length
             query = q[s : s + n].transpose(0, 1)  # [heads, n, dim]
@@ -71,8 +89,8 @@ class PagedAttention:
                 keys, values = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)
                 mask = None
             else:
-                keys = kc[chunk.block_ids].flatten(0, 1)[: chunk.context].transpose(0, 1)
-                values = vc[chunk.block_ids].flatten(0, 1)[: chunk.context].transpose(0, 1)
+                keys = gather(blocks_k, chunk.block_ids)[: chunk.context].transpose(0, 1)
+                values = gather(blocks_v, chunk.block_ids)[: chunk.context].transpose(0, 1)
                 # Query i sits at position context - n + i and sees keys 0..that position.
                 rows = torch.arange(n, device=q.device)[:, None] + (chunk.context - n)
                 mask = torch.arange(chunk.context, device=q.device)[None, :] <= rows
@@ -80,4 +98,10 @@ class PagedAttention:
                 query, keys, values, attn_mask=mask, is_causal=mask is None,
                 scale=self.scale, enable_gqa=True,
             ).transpose(0, 1)
-        return out
+        return out.to(dtype)
+
+    @staticmethod
+    def work_dtype(q: torch.Tensor) -> torch.dtype:
+        if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+            return torch.float32
+        return q.dtype

@@ -15,8 +15,7 @@ class ModelRunner:
     ) -> None:
         self.model = model
         config = model.config
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.device, self.dtype = model.model.norm.weight.device, model.cache_dtype
         self.block_size = block_size
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.k_cache = [
@@ -29,7 +28,7 @@ class ModelRunner:
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
         c = model.config
-        element = next(model.parameters()).element_size()
+        element = model.cache_dtype.itemsize
         return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * c.head_dim * element
 
     @torch.inference_mode()

@@ -12,6 +12,7 @@ import torch
 
 from local_backend.model.config import LlamaConfig, ModelLoadError
 from local_backend.model.cpu_linear import pack_linears
+from local_backend.model.cpu_weights import CpuWeights, convert_weights
 from local_backend.model.llama import (
     LlamaForCausalLM,
     checkpoint_layout,
@@ -54,9 +55,15 @@ def build_model(
     dtype: torch.dtype,
     progress: TextIO | None,
     rope_factors: torch.Tensor | None = None,
+    weights: CpuWeights | None = None,
 ) -> LlamaForCausalLM:
     """A model from (file, Hugging Face tensor name, tensor) triples, each checked against
-    the layout `config` implies; `rope_factors` divide the rotary frequencies (Llama 3.1)."""
+    the layout `config` implies; `rope_factors` divide the rotary frequencies (Llama 3.1).
+    `weights` (CPU only) stores the weights in bf16, int8 or int4 (`cpu_weights`) and
+    computes in fp32 around them; `dtype` must then be fp32."""
+    if weights is not None and (torch.device(device).type != "cpu" or dtype != torch.float32):
+        raise ModelLoadError(f"{weights} weights are implemented for CPU, beside fp32 "
+                             "activations, only")
     layout = checkpoint_layout(config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -93,6 +100,8 @@ def build_model(
     if rope_factors is not None:
         inv_freq = inv_freq / rope_factors.float()
     model.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
-    if torch.device(device).type == "cpu" and dtype == torch.float32:
-        pack_linears(model)
+    if weights is not None:
+        convert_weights(model, weights)
+    elif torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        pack_linears(model, dtype)
     return model.eval()

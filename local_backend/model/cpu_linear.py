@@ -1,11 +1,11 @@
-"""fp32 linear layers on CPU with oneDNN-prepacked weights for decode-sized batches.
+"""fp32 and bf16 linear layers on CPU with oneDNN-prepacked weights.
 
-PyTorch's default CPU GEMM (MKL) runs a 16-row decode batch at about half the speed
-of oneDNN with a weight reordered once for it (measured on AVX-512: ~450 µs vs
-~240 µs for 16×512 @ 512×2816), while for one row or for long prefill chunks MKL is
-as fast or faster. So each layer keeps its dense weight and gains a packed copy,
-used only for row counts in `PACKED_ROWS`. This costs the weights' memory twice,
-which is acceptable for the CPU-sized models this path serves.
+PyTorch's default CPU GEMM (MKL) is slower than oneDNN with a weight reordered once
+for it on decode-sized fp32 batches, while for one row or long prefill chunks MKL is
+as fast or faster; so an fp32 layer keeps its dense weight and gains a packed copy,
+used only for row counts in `FP32_PACKED_ROWS`. For bf16 the packed weight (oneDNN's
+AVX-512 BF16 kernels) beat the dense bf16 matmul at every row count measured, so a
+bf16 layer keeps only the packed copy. Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -14,57 +14,58 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACKED_ROWS = (8, 128)  # inclusive bounds on x.shape[0] that use the packed weight
+from local_backend import torch_compat
 
-
-def _supported() -> bool:
-    ops = torch.ops.mkldnn
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_reorder_linear_weight")
-        and hasattr(ops, "_linear_pointwise")
-    )
+FP32_PACKED_ROWS = (8, 128)  # inclusive bounds on x.shape[0] that use the packed fp32 weight
+PACK_BATCH_HINT = 16  # rows oneDNN tunes the packed layout for
 
 
 class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.weight = linear.weight
+        weight = linear.weight.detach()
+        self.dense = weight.dtype == torch.float32
+        # fp32 keeps the dense weight for the row counts MKL serves better; bf16 drops it.
+        self.weight = linear.weight if self.dense else None
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = weight.dtype
         # A plain attribute, not a buffer: it must not appear in state_dict().
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 16)
+        self.packed = torch_compat.mkldnn_pack(weight, PACK_BATCH_HINT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if PACKED_ROWS[0] <= x.shape[0] <= PACKED_ROWS[1] and x.dim() == 2:
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self.packed, self.bias, "none", [], ""
-            )
-        return F.linear(x, self.weight, self.bias)
+        """x [rows, in], any float dtype → [rows, out] in the weight's dtype."""
+        if self.weight is not None and not (
+            FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1] and x.dim() == 2
+        ):
+            return F.linear(x, self.weight, self.bias)
+        return torch_compat.mkldnn_linear(x.to(self.dtype).contiguous(), self.packed, self.bias)
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Swap every fp32 `nn.Linear` for a `PackedLinear`; returns how many were swapped.
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Swap every `nn.Linear` of `dtype` (fp32 or bf16) for a `PackedLinear`; returns how
+    many were swapped.
 
     Does nothing (returns 0) where oneDNN is missing or the packed result disagrees
     with the dense one on a probe input.
     """
-    if not _supported():
+    if not torch_compat.has_mkldnn_linear():
         return 0
     swaps: list[tuple[nn.Module, str, nn.Linear]] = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32
+        if isinstance(child, nn.Linear) and child.weight.dtype == dtype
     ]
     if not swaps:
         return 0
     probe = swaps[0][2]
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     try:
         with torch.inference_mode():
-            x = torch.randn(PACKED_ROWS[0], probe.in_features)
-            packed = PackedLinear(probe)(x)
-            if not torch.allclose(packed, probe(x), rtol=1e-4, atol=1e-4):
+            x = torch.randn(FP32_PACKED_ROWS[0], probe.in_features, dtype=dtype)
+            packed = PackedLinear(probe)(x).float()
+            if not torch.allclose(packed, probe(x).float(), rtol=tolerance, atol=tolerance):
                 return 0
     except RuntimeError:
         return 0

@@ -21,6 +21,7 @@ import torch
 from local_backend.model.assemble import build_model
 from local_backend.model.checkpoint_files import gguf_path
 from local_backend.model.config import LlamaConfig, ModelLoadError
+from local_backend.model.cpu_weights import CpuWeights
 from local_backend.model.gguf_file import GGUFFile
 from local_backend.model.llama import LlamaForCausalLM
 
@@ -38,6 +39,12 @@ LAYER_TENSORS = {
 TOP_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 ROPE_FACTORS = "rope_freqs.weight"  # Llama 3.1's per-frequency divisors
+# GGUF tensor types by the CPU weight format that holds them without losing bits.
+_TYPES_WITHIN: tuple[tuple[CpuWeights, frozenset[str]], ...] = (
+    ("int4", frozenset({"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K"})),
+    ("int8", frozenset({"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K",
+                        "Q6_K", "Q8_0"})),
+)
 
 
 @lru_cache(maxsize=2)
@@ -115,6 +122,19 @@ def eos_token_ids(gguf: GGUFFile) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
+def stored_weights(path: Path) -> CpuWeights | None:
+    """The narrowest CPU weight format as wide as the file's decoder matrices: int4 when
+    all are 4-bit (or fewer) quants, int8 when all are quants of at most 8 bits, else
+    None (fp32). Q4_1 comes back exactly in int4; other quants are requantised."""
+    gguf = resolve(path)
+    kinds = {info.kind.name for name, info in gguf.tensors.items()
+             if name.startswith("blk.") and len(info.shape) == 2}
+    for weights, types in _TYPES_WITHIN:
+        if kinds and kinds <= types:
+            return weights
+    return None
+
+
 def hf_name(name: str, where: Path) -> str:
     if name in TOP_TENSORS:
         return TOP_TENSORS[name]
@@ -139,6 +159,7 @@ def load_gguf_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = sys.stderr,
+    weights: CpuWeights | None = None,
 ) -> LlamaForCausalLM:
     gguf = resolve(path)
     config = config_from_gguf(gguf)
@@ -159,4 +180,4 @@ def load_gguf_model(
     if ROPE_FACTORS in gguf.tensors:
         factors = gguf.read(ROPE_FACTORS)
     return build_model(config, tensors(), source=str(gguf.path), device=device, dtype=dtype,
-                       progress=progress, rope_factors=factors)
+                       progress=progress, rope_factors=factors, weights=weights)

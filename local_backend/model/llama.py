@@ -94,11 +94,11 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, head_dim]; cos/sin [tokens, 1, head_dim] (HF's rotate-half layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim]; cos/signed_sin [tokens, 1, head_dim] (HF's rotate-half
+    layout, the first half of signed_sin negated): x·cos + (−x₂, x₁)·sin, as
+    x·cos + (x₂, x₁)·signed_sin in three ops (a decode step's cost is mostly per op)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class RMSNorm(nn.Module):
@@ -108,10 +108,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in at least fp32 for bf16/fp16 weights, as the reference implementation does.
-        xf = x.float() if x.element_size() < 4 else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # One call (torch sums in at least fp32 for bf16/fp16 inputs, as the reference does).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -131,7 +129,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention
+        self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, attn: Attention
     ) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(tokens, self.heads + 2 * self.kv_heads, self.head_dim)
@@ -140,9 +138,10 @@ class LlamaAttention(nn.Module):
                             self.k_norm(qkv[:, self.heads : self.heads + self.kv_heads])), 1)
         else:
             qk = qkv[:, : self.heads + self.kv_heads]
-        rotated = apply_rope(qk, cos, sin)  # q and k at once
+        rotated = apply_rope(qk, cos, signed_sin)  # q and k at once
         q, k = rotated[:, : self.heads], rotated[:, self.heads :]
-        v = qkv[:, self.heads + self.kv_heads :]
+        # With low-precision weights (cpu_weights) qkv is bf16 and the rotation fp32.
+        v = qkv[:, self.heads + self.kv_heads :].to(q.dtype)
         out = attn(self.layer, q, k, v)
         return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
 
@@ -168,9 +167,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention
+        self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, attn: Attention
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        x = x + self.self_attn(self.input_layernorm(x), cos, signed_sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -180,7 +179,8 @@ class LlamaModel(nn.Module):
         # Built around an empty tensor: the weights always come from a checkpoint, and the
         # default random init on the meta device imports torch's reference ops (a second
         # of CPU at start-up).
-        self.embed_tokens = nn.Embedding(
+        # nn.Embedding, or a table in a CPU weight format (model/cpu_weights.py).
+        self.embed_tokens: nn.Module = nn.Embedding(
             config.vocab_size, config.hidden_size,
             _weight=torch.empty(config.vocab_size, config.hidden_size),
         )
@@ -197,10 +197,23 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # nn.Linear, or an OutputHead over a CPU weight format's table.
+        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            head.weight = typing.cast(nn.Embedding, self.model.embed_tokens).weight
+        self.lm_head: nn.Module = head
+        self.kv_cache_dtype: torch.dtype | None = None  # None: the compute dtype
+        self.weight_format: str | None = None  # a CPU weight format's name; None: compute dtype
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the activations and the KV cache (whatever the weights are stored in)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.compute_dtype
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention
@@ -210,7 +223,10 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = typing.cast(torch.Tensor, self.inv_freq)  # [head_dim/2]
         freqs = positions.float()[:, None] * inv_freq[None, :]  # [tokens, head_dim/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [tokens, 1, head_dim]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = emb.shape[-1] // 2
+        sin = emb.sin()
+        sin[..., :half].neg_()  # signed for apply_rope
+        cos, sin = emb.cos().to(x.dtype), sin.to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)

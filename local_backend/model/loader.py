@@ -13,6 +13,7 @@ from safetensors import safe_open
 from local_backend.model.assemble import build_model
 from local_backend.model.checkpoint_files import gguf_path, weight_files
 from local_backend.model.config import LlamaConfig, ModelLoadError
+from local_backend.model.cpu_weights import CpuWeights
 from local_backend.model.llama import LlamaForCausalLM
 
 
@@ -31,16 +32,18 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = sys.stderr,
+    weights: CpuWeights | None = None,
 ) -> LlamaForCausalLM:
     """A checkpoint directory (config.json + safetensors), or a GGUF file or a directory
-    holding one (see `gguf_loader`)."""
+    holding one (see `gguf_loader`). `weights`: see `cpu_weights`."""
     directory = Path(directory)
     if gguf_path(directory) is not None:
         from local_backend.model.gguf_loader import load_gguf_model  # numpy/gguf only here
 
-        return load_gguf_model(directory, device=device, dtype=dtype, progress=progress)
+        return load_gguf_model(directory, device=device, dtype=dtype, progress=progress,
+                               weights=weights)
     if not directory.is_dir():
         raise ModelLoadError(f"{directory}: model directory does not exist")
     config = LlamaConfig.from_file(directory / "config.json")
     return build_model(config, _safetensors(weight_files(directory)), source=str(directory),
-                       device=device, dtype=dtype, progress=progress)
+                       device=device, dtype=dtype, progress=progress, weights=weights)
