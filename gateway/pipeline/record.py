@@ -243,8 +243,9 @@ class StepMark:
     __slots__ = ("_step",)
 
     def __init__(self, record: RequestRecord | None, name: str) -> None:
-        self._step = StepRecord(name, time_ns()) if record is not None else None
-        if record is not None and self._step is not None:
+        self._step: StepRecord | None = None
+        if record is not None:
+            self._step = StepRecord(name, time_ns())
             record.steps.append(self._step)
 
     def __enter__(self) -> StepMark:

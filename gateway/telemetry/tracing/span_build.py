@@ -93,14 +93,9 @@ def _root_span(record: RequestRecord) -> SpanData:
         (a.RG_COST_USD, record.cost_usd), (a.RG_CACHE, record.cache),
         (a.HTTP_RESPONSE_STATUS_CODE, status), (a.ERROR_TYPE, error_type),
     ))
-    return SpanData(root_id_of(record), trace.parent_id, trace.parent_remote,
+    return SpanData(trace.span_id, trace.parent_id, trace.parent_remote,
                     f"{record.method} {record.path}", SERVER, record.start_ns, record.end_ns,
                     attributes, (), ERROR if status >= 500 else UNSET, None)
-
-
-def root_id_of(record: RequestRecord) -> int:
-    assert record.trace is not None
-    return record.trace.span_id
 
 
 def _step_span(record: RequestRecord, step: StepRecord, root_id: int,
