@@ -64,7 +64,7 @@ class RequestOutput:
     token_ids: list[int]
     time: float  # monotonic time the newest token was produced
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | deadline | abort | error | shutdown
+    finish_reason: str | None = None  # stop | length | deadline | shed | abort | error | shutdown
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -180,7 +180,8 @@ class Engine:
                 f"(model and KV cache) is {self.max_model_len} tokens"
             )
         with self._lock:
-            if len(self.scheduler.waiting) + self._pending >= self.config.max_waiting:
+            if (len(self.scheduler.waiting) + self._pending >= self.config.max_waiting
+                    and not self.scheduler.outranks_waiting(priority)):
                 raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
             self._pending += 1
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
@@ -288,15 +289,17 @@ class Engine:
         self._forget_finished()
 
     def _expire(self, now: float) -> None:
-        """End the sequences whose deadline has passed or cannot be met: no step is spent
-        on them."""
-        late = self.scheduler.overdue(now)
-        if not late:
-            return
-        for seq in late:
+        """End the sequences whose deadline has passed or cannot be met, then those a
+        better band pushed out of a full queue ("shed"): no step is spent on them."""
+        ended = self.scheduler.overdue(now)
+        for seq in ended:
             self._finish(seq, "deadline", now)
-        self._flush([self._final_output(seq) for seq in late])
-        self._forget_finished()
+        shed = self.scheduler.shed(self.config.max_waiting)
+        for seq in shed:
+            self._finish(seq, "shed", now)
+        if ended or shed:
+            self._flush([self._final_output(seq) for seq in (*ended, *shed)])
+            self._forget_finished()
 
     def _append(
         self, seq: Sequence, token: int, lp: TokenLogprob | None, t: float

@@ -88,6 +88,22 @@ class Scheduler:
                 late.append(seq)
         return late
 
+    def outranks_waiting(self, band: int) -> bool:
+        """A request of `band` may enter a full queue: a worse one not yet started waits
+        there, and will be shed for it (`shed`). Called from the event loop: a copy."""
+        return self.policy.by_priority and any(
+            s.band > band and s.timings.first_scheduled is None for s in list(self.waiting))
+
+    def shed(self, limit: int) -> list[Sequence]:
+        """The waiting sequences not yet started to drop so that at most `limit` wait
+        (a better band entered a full queue): the worst in the policy's order."""
+        excess = len(self.waiting) - limit
+        if excess <= 0:
+            return []
+        fresh = sorted((s for s in self.waiting if s.timings.first_scheduled is None),
+                       key=self.key)
+        return fresh[len(fresh) - min(excess, len(fresh)):]
+
     def schedule(self, now: float) -> Batch:
         self._order_waiting(now)
         self.running = sorted(self.running, key=self.key)

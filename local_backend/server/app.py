@@ -50,6 +50,10 @@ def unserved(final: RequestOutput) -> ApiError | None:
     """Why a choice that ended produced nothing the client can use, or None."""
     if final.finish_reason in ENGINE_FAILURES:
         return engine_failure(final.finish_reason)
+    if final.finish_reason == "shed":  # only ever a request not yet started
+        return ApiError(429, "the server is busy: requests of a better priority band took "
+                        "this one's place in its queue", type_="rate_limit_error",
+                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
     if final.finish_reason == "deadline" and not final.completion_tokens:
         return ApiError(504, f"the request's deadline ({DEADLINE_HEADER}) passed, or could not "
                         "be met at the server's pace, before it left the queue",

@@ -233,3 +233,22 @@ def test_preemption_never_takes_a_better_band_for_a_worse_and_everyone_finishes(
             break
     assert finished == len(arrivals)  # nobody starves, none is lost
     assert s.blocks.num_free == num_blocks
+
+
+def test_a_full_queue_lets_a_better_band_in_and_sheds_the_worst_not_yet_started() -> None:
+    s = scheduler(seqs=1)
+    s.add(seq("running", band=2))
+    step(s, 0.0)
+    s.add(seq("normal", band=1, arrival=1.0))
+    s.add(seq("low-early", band=2, arrival=1.0))
+    s.add(seq("low-late", band=2, arrival=2.0))
+    assert not s.outranks_waiting(2) and s.outranks_waiting(1) and s.outranks_waiting(0)
+    s.add(seq("high", band=0, arrival=3.0))
+    assert names(s.shed(3)) == ["low-late"] and names(s.shed(2)) == ["low-early", "low-late"]
+    assert s.shed(4) == []
+
+
+def test_fcfs_lets_nobody_into_a_full_queue() -> None:
+    s = scheduler(mode="fcfs")
+    s.add(seq("low", band=2))
+    assert not s.outranks_waiting(0)

@@ -87,3 +87,25 @@ async def test_a_request_that_cannot_finish_by_its_deadline_gets_504_before_pref
     doomed = {b.band: b.doomed for b in served.engine.stats().bands}
     assert doomed == {1: 1}
     assert served.engine.stats().prefix_cache_queries == 3  # only the first was prefilled
+
+
+async def test_a_full_queue_sheds_a_low_band_request_for_a_high_one_with_429(
+        serve: ServeFactory) -> None:
+    served = await serve(max_num_seqs=1, max_waiting=2, num_blocks=512)
+    holder = await holding_the_only_slot(served)
+    short = {**LONG, "max_tokens": 2}
+    lows = [asyncio.create_task(post(served, short, {"x-routegate-priority": "2"}))
+            for _ in range(2)]
+    await waiting_bands(served, 2)
+    status, answer = await post(served, short, {"x-routegate-priority": "2"})
+    assert status == 429 and answer["error"]["code"] == "queue_full"  # no worse one to shed
+    high = asyncio.create_task(post(served, short, {"x-routegate-priority": "0"}))
+    for _ in range(1000):
+        if sum(task.done() for task in lows) == 1:
+            break
+        await asyncio.sleep(0.005)
+    shed = [task.result() for task in lows if task.done()]
+    assert len(shed) == 1 and shed[0][0] == 429 and shed[0][1]["error"]["code"] == "queue_full"
+    await release(holder)
+    assert (await high)[0] == 200
+    assert [status for status, _ in await asyncio.gather(*lows)].count(200) == 1
