@@ -90,6 +90,7 @@ class BandStats:
 def band_stats(counters: dict[int, BandCounters], waiting: list[Sequence],
                running: list[Sequence]) -> tuple[BandStats, ...]:
     """A snapshot per band seen so far; read from another thread, so from copies."""
+    counters = dict(counters)
     waiting_by, running_by = _count(list(waiting)), _count(list(running))
     bands = sorted({*counters, *waiting_by, *running_by})
     out = []
