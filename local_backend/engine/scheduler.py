@@ -110,6 +110,7 @@ class Scheduler:
         batch = Batch()
         if self.policy.by_priority and self.waiting and self.running:
             self._displace(batch, now)
+            self._order_waiting(now)  # the displaced take their places in the queue
         budget = self.max_num_batched_tokens
         short = False
         i = 0

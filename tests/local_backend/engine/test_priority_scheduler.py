@@ -252,3 +252,14 @@ def test_fcfs_lets_nobody_into_a_full_queue() -> None:
     s = scheduler(mode="fcfs")
     s.add(seq("low", band=2))
     assert not s.outranks_waiting(0)
+
+
+def test_a_displaced_sequence_goes_back_ahead_of_worse_bands_in_the_same_step() -> None:
+    s = scheduler(seqs=2)
+    s.add(seq("normal", band=1))
+    s.add(seq("low", band=2))
+    step(s, 0.0)
+    s.add(seq("high", band=0, arrival=1.0))
+    s.add(seq("worst", band=3, arrival=1.0))
+    step(s, 1.0)
+    assert names(s.waiting) == ["low", "worst"]
