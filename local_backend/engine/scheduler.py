@@ -13,6 +13,7 @@ recomputed later), never one of a better band for a worse one.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -51,14 +52,14 @@ class Scheduler:
         self.policy = policy or SchedulingPolicy()
         self.key = self.policy.key
         self.pace = Pace(max_num_batched_tokens)
-        # In the policy's order, best first; replaced (never sorted in place) so another
-        # thread reading its length never sees it empty mid-sort.
+        # In the policy's order, best first: a newcomer is inserted in its place, and only
+        # aging re-sorts it, into a new list (another thread reading its length must
+        # never see it empty, as it is while sorted in place).
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.bands: dict[int, BandCounters] = {}
         self._arrivals = 0
-        self._unsorted = False
         self._next_aging = math.inf
 
     def add(self, seq: Sequence) -> None:
@@ -109,8 +110,7 @@ class Scheduler:
         self.running = sorted(self.running, key=self.key)
         batch = Batch()
         if self.policy.by_priority and self.waiting and self.running:
-            self._displace(batch, now)
-            self._order_waiting(now)  # the displaced take their places in the queue
+            self._displace(batch, now)  # the displaced go back to their places in the queue
         budget = self.max_num_batched_tokens
         short = False
         i = 0
@@ -149,12 +149,11 @@ class Scheduler:
         return batch
 
     def _order_waiting(self, now: float) -> None:
+        """Raise the sequences that waited long enough; re-sort only if one rose."""
         if self.policy.by_priority and now >= self._next_aging:
-            self._unsorted |= age(self.waiting, now, self.policy.aging_s)
+            if age(self.waiting, now, self.policy.aging_s):
+                self.waiting = sorted(self.waiting, key=self.key)
             self._next_aging = next_aging(self.waiting, self.policy.aging_s)
-        if self._unsorted:
-            self.waiting = sorted(self.waiting, key=self.key)
-            self._unsorted = False
 
     def _displace(self, batch: Batch, now: float) -> None:
         """Preempt running sequences of a worse band than the best waiting ones, as far as
@@ -191,8 +190,7 @@ class Scheduler:
         batch.preempted.append(seq)
 
     def _requeue(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
-        self._unsorted = True
+        bisect.insort(self.waiting, seq, key=self.key)
         self._next_aging = min(self._next_aging, seq.band_since + self.policy.aging_s)
 
     def _band(self, seq: Sequence) -> BandCounters:
