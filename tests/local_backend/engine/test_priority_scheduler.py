@@ -225,6 +225,8 @@ def test_preemption_never_takes_a_better_band_for_a_worse_and_everyone_finishes(
         for victim in batch.preempted:  # whoever displaced it was of a better band
             admitted = [sq for sq in batch.seqs if before.get(sq.request_id) is not None]
             assert all(before[sq.request_id] <= victim.band for sq in admitted)
+            # and nothing of a worse band kept running while it was preempted
+            assert all(sq.band <= victim.band for sq in s.running)
         for sq in list(s.running):
             if len(sq.output_ids) >= sq.params.max_tokens:
                 s.finish(sq, "length")
