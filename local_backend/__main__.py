@@ -16,6 +16,7 @@ import torch
 
 from local_backend.checkpoint import BUNDLED, Checkpoint, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
+from local_backend.engine.priority import DEFAULT_AGING_S
 from local_backend.engine.runner import ModelRunner
 from local_backend.model.config import ModelLoadError
 from local_backend.model.cpu_weights import CPU_WEIGHTS, CpuWeights
@@ -40,6 +41,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 429")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: by memory)")
+    p.add_argument("--scheduling-policy", choices=("priority", "fcfs"), default="priority",
+                   help="admit by (priority band, deadline, arrival), preempting worse bands "
+                   "for better ones; or by arrival alone")
+    p.add_argument("--priority-aging-s", type=float, default=DEFAULT_AGING_S, help=(
+        "seconds a request waits in its band before it rises one (low never starves)"))
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--weights", choices=("auto", "fp32", *CPU_WEIGHTS), default="auto", help=(
@@ -47,7 +53,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "weight-only quantisations computed in bf16, bf16 halves fp32's bytes; auto takes "
         "int4 for a 4-bit GGUF, int8 for another quantised GGUF, fp32 otherwise. On CUDA "
         "only auto (bf16 or fp16)"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.priority_aging_s > 0:
+        p.error("--priority-aging-s must be a positive number of seconds")
+    return args
 
 
 def cache_dir() -> Path:
@@ -83,6 +92,7 @@ def build_engine(
         # Per-step token budget: bounds how long a prefill chunk delays running streams.
         max_num_batched_tokens=2048 if device.type == "cuda" else 256,
         max_model_len=model.config.max_position_embeddings,
+        scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s,
     )
     engine = Engine(model, tokenizer, config, eos_token_ids=checkpoint.generation.eos_token_ids)
     return engine, checkpoint, num_blocks

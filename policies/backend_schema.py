@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from policies.bands import BandCarrier, Priority
 from policies.file_model import FileModel, NonNegativeFloat, PositiveFloat, PositiveInt
 from policies.resilience import HealthCheck
 
@@ -146,6 +147,23 @@ class Backend(FileModel):
     `native` (sent to its own `/responses` as the client wrote it; `type: openai` only)."""
     models: dict[str, ModelSpec] = Field(min_length=1)
     """The models this backend serves, by the name used in route targets (`backend/model`)."""
+    priority: BandCarrier | None = None
+    """How the caller's priority reaches the backend's own scheduler, as a band (tenant
+    `priority` high 0, normal 1, low 2; lower runs first): `header` sends
+    `x-routegate-priority` (local_backend orders, preempts and ages by it), `vllm` sets the
+    body's `priority` (vLLM started with `--scheduling-policy priority`), `none` sends
+    nothing. Unset: `header` for a dedicated backend, `none` for a shared API."""
+    service_tier: dict[Priority, str] = {}
+    """OpenAI's `service_tier` per tenant priority (`{high: priority, low: flex}`): a shared
+    API's own tiers. A priority left out sends none of its own (the client's, if any, is
+    kept); one mapped here replaces the client's."""
+
+    @property
+    def band_carrier(self) -> BandCarrier:
+        """How the band is sent (`priority`, or its default by `deployment`)."""
+        if self.priority is not None:
+            return self.priority
+        return "header" if self.deployment == "dedicated" else "none"
 
     @field_validator("url")
     @classmethod
@@ -177,6 +195,8 @@ class Backend(FileModel):
             raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
         if self.responses == "native" and self.type != "openai":
             raise ValueError("`responses: native` needs a backend of type openai")
+        if self.type != "openai" and (self.priority == "vllm" or self.service_tier):
+            raise ValueError("`priority: vllm` and `service_tier` need a backend of type openai")
         if self.ca_file is not None:
             if not (self.url or "").startswith("https://"):
                 raise ValueError("`ca_file` needs an https:// `url`")

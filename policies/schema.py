@@ -19,6 +19,7 @@ from policies.backend_schema import LatencyPriors as LatencyPriors
 from policies.backend_schema import LaunchSpec as LaunchSpec
 from policies.backend_schema import ModelSpec as ModelSpec
 from policies.backend_schema import Timeouts as Timeouts
+from policies.bands import Priority as Priority
 from policies.file_model import KEY_HASH_PATTERN as KEY_HASH_PATTERN
 from policies.file_model import TARGET_PATTERN as TARGET_PATTERN
 from policies.file_model import FileModel as FileModel
@@ -170,7 +171,6 @@ class Budget(FileModel):
     """Spend allowed per UTC month in USD."""
 
 
-Priority = Literal["high", "normal", "low"]
 
 
 ModelGlob = Annotated[str, Field(min_length=1)]  # fnmatch pattern: `chat*`, `shared/*`

@@ -52,7 +52,7 @@ from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
 from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
-from gateway.upstream.openai import UpstreamFailure
+from gateway.upstream.openai import PRIORITY_HEADER, UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
 from policies.model_names import unserved_model
@@ -251,7 +251,8 @@ class Pipeline:
                 else:
                     body = upstream.prepare(
                         path, ctx.raw, ctx.body, model=target.upstream_name,
-                        stream_usage=ctx.stream and not ctx.client_wants_usage)
+                        stream_usage=ctx.stream and not ctx.client_wants_usage,
+                        priority=ctx.record.priority)
             except BadRequest as refused:  # its API cannot express the request
                 inexpressible.append(refused)
                 unavailable.append(f"{target.key}: {refused.message}")
@@ -317,6 +318,11 @@ class Pipeline:
                 if left is not None:
                     ctx.upstream_headers[DEADLINE_HEADER] = left
                     facts.left_ms(int(left))
+            band = upstream.band_header(record.priority)  # dedicated backends' schedulers
+            if band is not None:
+                ctx.upstream_headers[PRIORITY_HEADER] = band
+            else:
+                ctx.upstream_headers.pop(PRIORITY_HEADER, None)
             result: web.StreamResponse | UpstreamFailure
             try:
                 response = await upstream.open(path, body, ctx.upstream_headers, timeouts)

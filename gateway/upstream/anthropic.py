@@ -111,7 +111,7 @@ class AnthropicUpstream(OpenAIUpstream):
         self._messages_path = "/messages" if self.base_url.endswith("/v1") else "/v1/messages"
 
     def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
-                stream_usage: bool) -> bytes:
+                stream_usage: bool, priority: str = "normal") -> bytes:
         """The Messages request for a chat completion, from the parsed body (a
         `BadRequest` names what the Messages API cannot express: `n` > 1, a part or
         role it has no counterpart for)."""

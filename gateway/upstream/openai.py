@@ -26,13 +26,16 @@ import aiohttp
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
-from gateway.upstream.rewrite import upstream_body
+from gateway.upstream.rewrite import spliced_fields, upstream_body, with_fields
 from gateway.upstream.tls import ca_stamp, tls_context
+from policies.bands import PRIORITY_BANDS
 from policies.schema import Backend
 
 # Response headers relayed from the backend (the rest describe its own transport):
 # its inference time, which telemetry reads as the backend's side of the latency.
 PASSTHROUGH_HEADERS = ("openai-processing-ms",)
+# The caller's priority band, for a backend that schedules by it (`priority: header`).
+PRIORITY_HEADER = "x-routegate-priority"
 
 
 class UpstreamFailure(Exception):
@@ -127,6 +130,7 @@ class OpenAIUpstream:
         self._retired = False
         self._closing: asyncio.Task[None] | None = None  # held so it is not collected
         self._ca_stamp: tuple[str, int] | None = None  # the `ca_file` its client trusts
+        self._band_headers, self._band_fields = _priority_wire(backend)
 
     def client(self) -> Http1Client:
         if self._client is None:
@@ -180,13 +184,23 @@ class OpenAIUpstream:
             await self._client.close()
 
     def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
-                stream_usage: bool) -> bytes:
+                stream_usage: bool, priority: str = "normal") -> bytes:
         """The bytes to send for a request (`raw`, parsed as `body`) to this backend's
         `model`, made before the attempt starts: the client's bytes with `model`
-        changed, and `stream_options.include_usage` when `stream_usage`. An adapter whose
-        API cannot express the request raises `BadRequest` here, before anything is
-        sent or counted, and the pipeline moves on to the next candidate."""
-        return upstream_body(raw, body, model, add_include_usage=stream_usage)
+        changed, `stream_options.include_usage` when `stream_usage`, and the caller's
+        `priority` as this backend takes it in the body (vLLM's band, OpenAI's tier).
+        An adapter whose API cannot express the request raises `BadRequest` here,
+        before anything is sent or counted, and the pipeline moves on to the next
+        candidate."""
+        encoded = upstream_body(raw, body, model, add_include_usage=stream_usage)
+        fields = self._band_fields.get(priority)
+        if fields is None:
+            return encoded
+        return with_fields(encoded, body, fields[0], fields[1])
+
+    def band_header(self, priority: str) -> str | None:
+        """The `x-routegate-priority` value for a caller of `priority` (None: not sent)."""
+        return self._band_headers.get(priority)
 
     async def open(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
                    timeouts: Timeouts | None = None) -> Http1Response:
@@ -237,3 +251,22 @@ class OpenAIUpstream:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(UpstreamError(
                 f"Backend '{self.name}' failed: {exc.__class__.__name__}: {exc}.")) from exc
+
+
+def _priority_wire(backend: Backend) -> tuple[dict[str, str], dict[str, tuple[dict[str, Any],
+                                                                           bytes]]]:
+    """Per caller priority, made once per backend: the header value, and the body fields
+    with their spliced bytes, that carry it to this backend."""
+    carrier = backend.band_carrier
+    headers: dict[str, str] = {}
+    if carrier == "header":
+        headers.update((p, str(band)) for p, band in PRIORITY_BANDS.items())
+    fields: dict[str, dict[str, Any]] = {}
+    for priority, band in PRIORITY_BANDS.items():
+        these: dict[str, Any] = {"priority": band} if carrier == "vllm" else {}
+        tier = backend.service_tier.get(priority)
+        if tier is not None:
+            these["service_tier"] = tier
+        if these:
+            fields[priority] = these
+    return headers, {p: (f, spliced_fields(f)) for p, f in fields.items()}

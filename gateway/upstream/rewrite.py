@@ -11,6 +11,7 @@ orjson, which is always correct, just not byte-identical.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -85,3 +86,20 @@ def upstream_body(raw: bytes, body: dict[str, Any], upstream_name: str, *,
         brace = spliced.index(b"{") + 1
         spliced = spliced[:brace] + _INCLUDE_USAGE + spliced[brace:]
     return spliced
+
+
+def spliced_fields(fields: Mapping[str, Any]) -> bytes:
+    """`fields` as the members `with_fields` splices in: `"name":value,` each."""
+    return b"".join(orjson.dumps(name) + b":" + orjson.dumps(value) + b","
+                    for name, value in fields.items())
+
+
+def with_fields(encoded: bytes, body: Mapping[str, Any], fields: Mapping[str, Any],
+                spliced: bytes) -> bytes:
+    """`encoded` (the JSON object `body`, as `upstream_body` made it) with `fields` set:
+    `spliced` (from `spliced_fields`) put in front when the client wrote none of them,
+    the object re-encoded with them replaced otherwise."""
+    if any(name in body for name in fields):
+        return orjson.dumps({**orjson.loads(encoded), **fields})
+    brace = encoded.index(b"{") + 1
+    return encoded[:brace] + spliced + encoded[brace:]

@@ -105,12 +105,21 @@ class BlockManager:
             hashes.append(parent)
         return hits, hashes
 
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks a waiting sequence would take if admitted now: new ones, and its
+        prefix-cache hits that sit in the free list."""
+        hits, _ = self._prefix_hits(seq)
+        return self._taken(seq, hits)
+
+    def _taken(self, seq: Sequence, hits: list[int]) -> int:
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)  # hits sitting in the free list
+        return self.blocks_for(seq.num_tokens) - len(hits) + revived
+
     def allocate(self, seq: Sequence) -> bool:
         """Give a waiting sequence blocks for all its current tokens; False if they don't fit."""
         hits, hashes = self._prefix_hits(seq)
         needed = self.blocks_for(seq.num_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.ref_counts[b] == 0)  # hits sitting in the free list
-        if self.num_free - revived - needed < self.watermark:
+        if self.num_free - self._taken(seq, hits) < self.watermark:
             return False
         for block in hits:
             if self.ref_counts[block] == 0:

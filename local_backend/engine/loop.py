@@ -20,6 +20,12 @@ from dataclasses import dataclass, field
 
 from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.params import SamplingParams
+from local_backend.engine.priority import (
+    DEFAULT_AGING_S,
+    BandStats,
+    SchedulingMode,
+    SchedulingPolicy,
+)
 from local_backend.engine.runner import ModelRunner
 from local_backend.engine.sampler import Sampler, TokenLogprob
 from local_backend.engine.scheduler import Scheduler
@@ -47,6 +53,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per step: decode tokens + prefill chunks
     max_model_len: int = 2048
     prefix_caching: bool = True
+    scheduling_policy: SchedulingMode = "priority"  # or "fcfs": arrival order alone
+    priority_aging_s: float = DEFAULT_AGING_S  # a wait this long raises a request one band
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class RequestOutput:
     token_ids: list[int]
     time: float  # monotonic time the newest token was produced
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | deadline | abort | error | shutdown
+    finish_reason: str | None = None  # stop | length | deadline | shed | abort | error | shutdown
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -76,6 +84,7 @@ class EngineStats:
     aborted: int  # requests cancelled before they finished (client gone)
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found there
+    bands: tuple[BandStats, ...] = ()  # per priority band asked for
 
 
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
@@ -106,6 +115,7 @@ class Engine:
             self.blocks,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=SchedulingPolicy(config.scheduling_policy, config.priority_aging_s),
         )
         self.runner = ModelRunner(model, num_blocks=config.num_blocks, block_size=config.block_size)
         self.sampler = Sampler()
@@ -144,6 +154,7 @@ class Engine:
             aborted=self._aborted,
             prefix_cache_queries=self.blocks.cache_queries,
             prefix_cache_hits=self.blocks.cache_hits,
+            bands=self.scheduler.band_stats(),
         )
 
     def add_request(
@@ -154,11 +165,13 @@ class Engine:
         *,
         arrival: float | None = None,
         deadline: float | None = None,
+        priority: int = 1,
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; its outputs arrive on the returned queue. Call from the event loop.
         `deadline` (engine clock): when nobody waits for the answer any more; a sequence
-        still queued then is dropped before its prefill, a running one stops at that
-        step, both with finish_reason "deadline"."""
+        still queued then, or one that could not finish by then at the engine's pace, is
+        dropped before its prefill, a running one stops at that step, all with
+        finish_reason "deadline". `priority`: its band, lower first (priority.py)."""
         if not prompt_ids:
             raise RequestRejected("the prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
@@ -167,7 +180,8 @@ class Engine:
                 f"(model and KV cache) is {self.max_model_len} tokens"
             )
         with self._lock:
-            if len(self.scheduler.waiting) + self._pending >= self.config.max_waiting:
+            if (len(self.scheduler.waiting) + self._pending >= self.config.max_waiting
+                    and not self.scheduler.outranks_waiting(priority)):
                 raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
             self._pending += 1
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
@@ -175,7 +189,7 @@ class Engine:
         params = dataclasses.replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids)
         seq = Sequence(request_id, list(prompt_ids), params,
                        Timings(arrival=self.clock() if arrival is None else arrival),
-                       deadline=deadline)
+                       deadline=deadline, priority=priority)
         # Unbounded in type only: it holds at most one output per step, max_tokens + 1 in all.
         out: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))
@@ -270,20 +284,22 @@ class Engine:
             self._append(seq, token, lp, t)
             for seq, token, lp in zip(chosen, tokens, logprobs, strict=True)
         ]
+        self.scheduler.pace.stepped(t - now)
         self._flush(outputs)
         self._forget_finished()
 
     def _expire(self, now: float) -> None:
-        """End the sequences whose deadline has passed: no step is spent on them."""
-        scheduler = self.scheduler
-        late = [seq for seq in (*scheduler.running, *scheduler.waiting)
-                if seq.deadline is not None and seq.deadline <= now]
-        if not late:
-            return
-        for seq in late:
+        """End the sequences whose deadline has passed or cannot be met, then those a
+        better band pushed out of a full queue ("shed"): no step is spent on them."""
+        ended = self.scheduler.overdue(now)
+        for seq in ended:
             self._finish(seq, "deadline", now)
-        self._flush([self._final_output(seq) for seq in late])
-        self._forget_finished()
+        shed = self.scheduler.shed(self.config.max_waiting)
+        for seq in shed:
+            self._finish(seq, "shed", now)
+        if ended or shed:
+            self._flush([self._final_output(seq) for seq in (*ended, *shed)])
+            self._forget_finished()
 
     def _append(
         self, seq: Sequence, token: int, lp: TokenLogprob | None, t: float
@@ -345,6 +361,8 @@ class Engine:
         )
 
     def _finish(self, seq: Sequence, reason: str, t: float) -> None:
+        if reason in ("stop", "length"):
+            self.scheduler.pace.finished(len(seq.output_ids))
         self.scheduler.finish(seq, reason)
         seq.timings.finished = t
         self.sampler.forget(seq.request_id)

@@ -42,6 +42,10 @@ class Sequence:
     num_cached: int = 0
     preemptions: int = 0
     deadline: float | None = None  # engine clock; past it the sequence ends ("deadline")
+    priority: int = 1  # the band asked for: lower runs first (the gateway's tenant band)
+    band: int = 1  # the band it is scheduled by: `priority`, raised by waiting (aging)
+    band_since: float = 0.0  # when it entered `band` (engine clock)
+    order: int = 0  # arrival order in the engine, the last tie-break
     finish_reason: str | None = None
     text: str = ""  # detokenised output, trimmed at a stop string
     emitted_chars: int = 0  # how much of `text` has been handed out

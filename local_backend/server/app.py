@@ -29,6 +29,7 @@ from local_backend.server.protocol import (
     combined,
     parse,
 )
+from local_backend.server.request_priority import priority_of
 from local_backend.server.timing import (
     SpanRecorder,
     inbound_context,
@@ -49,9 +50,14 @@ def unserved(final: RequestOutput) -> ApiError | None:
     """Why a choice that ended produced nothing the client can use, or None."""
     if final.finish_reason in ENGINE_FAILURES:
         return engine_failure(final.finish_reason)
+    if final.finish_reason == "shed":  # only ever a request not yet started
+        return ApiError(429, "the server is busy: requests of a better priority band took "
+                        "this one's place in its queue", type_="rate_limit_error",
+                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
     if final.finish_reason == "deadline" and not final.completion_tokens:
-        return ApiError(504, f"the request's deadline ({DEADLINE_HEADER}) passed before it "
-                        "left the queue", type_="server_error", code="deadline_exceeded")
+        return ApiError(504, f"the request's deadline ({DEADLINE_HEADER}) passed, or could not "
+                        "be met at the server's pace, before it left the queue",
+                        type_="server_error", code="deadline_exceeded")
     return None
 
 
@@ -182,6 +188,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from exc
     req = parse(body, chat=chat, defaults=b.defaults)
+    priority = priority_of(request.headers, body)
     model = body.get("model")
     if model is not None and model != b.model_name:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves "
@@ -198,7 +205,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         for index, choice_id in enumerate(choice_ids):
             queues.append(engine.add_request(choice_id, prompt_ids,
                                              choice_params(req.params, index), arrival=arrival,
-                                             deadline=deadline))
+                                             deadline=deadline, priority=priority))
     except (QueueFull, RequestRejected) as exc:
         for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
             engine.abort(choice_id)

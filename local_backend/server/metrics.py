@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from local_backend.engine.loop import EngineStats
@@ -46,6 +51,32 @@ class _EngineCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self.model], count)
             yield counter
+        yield from self._by_band(s)
+
+    def _by_band(self, s: EngineStats) -> Iterator[Metric]:
+        """Per priority band asked for (docs/local-backend.md names them for replica picking)."""
+        labels = ["model_name", "band"]
+        waiting = GaugeMetricFamily("routegate:num_requests_waiting_by_band",
+                                    "Requests waiting to be scheduled, by band.", labels=labels)
+        running = GaugeMetricFamily("routegate:num_requests_running_by_band",
+                                    "Requests in the running batch, by band.", labels=labels)
+        preempted = CounterMetricFamily("routegate:num_preemptions_by_band",
+                                        "Sequences preempted, by band.", labels=labels)
+        doomed = CounterMetricFamily(
+            "routegate:num_requests_doomed_by_band",
+            "Requests refused before prefill: they could not finish by their deadline.",
+            labels=labels)
+        waited = SummaryMetricFamily(
+            "routegate:request_queue_time_seconds_by_band",
+            "Arrival to first scheduled, by band (count and sum).", labels=labels)
+        for band in s.bands:
+            key = [self.model, str(band.band)]
+            waiting.add_metric(key, band.waiting)
+            running.add_metric(key, band.running)
+            preempted.add_metric(key, band.preemptions)
+            doomed.add_metric(key, band.doomed)
+            waited.add_metric(key, band.admitted, band.waited_s)
+        yield from (waiting, running, preempted, doomed, waited)
 
 
 class BackendMetrics:

@@ -26,7 +26,8 @@ MAX_CHOICES = 16  # `n`: each choice is a sequence in the running batch
 # refusal (`unsupported_parameter`) lets a gateway try another backend.
 _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
                        "stream", "stream_options", "seed", "presence_penalty",
-                       "frequency_penalty", "logit_bias", "user", "ignore_eos", "logprobs"})
+                       "frequency_penalty", "logit_bias", "user", "ignore_eos", "logprobs",
+                       "priority"})  # the band (request_priority.py), as vLLM takes it
 CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                            "tool_choice", "parallel_tool_calls", "response_format",
                            "modalities", "metadata", "store"}

@@ -102,3 +102,12 @@ def test_no_exporter_unless_otel_variables_ask_for_one() -> None:
     provider = tracer_provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert provider is not None
     provider.shutdown()
+
+
+@pytest.mark.parametrize("aging", ["0", "-1", "nan"])
+def test_a_priority_aging_bound_must_be_positive(
+        aging: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "demo", "--priority-aging-s", aging])
+    assert exited.value.code == 2
+    assert "--priority-aging-s must be a positive number of seconds" in capsys.readouterr().err
