@@ -3,6 +3,8 @@ and a bare CR), mixed within one stream and split anywhere between network reads
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +45,7 @@ def test_any_mix_of_line_endings_split_anywhere_relays_the_same_events(
         stream += line + ending
     relay = SseRelay(strip_usage_chunk=True)
     bounds = [0, *sorted(min(cut, len(stream)) for cut in cuts), len(stream)]
-    out = b"".join(relay.feed(stream[start:end]) for start, end in zip(bounds, bounds[1:]))
+    out = b"".join(relay.feed(stream[start:end]) for start, end in pairwise(bounds))
     out += relay.leftover() or b""
     assert out == CONTENT
     assert relay.done and relay.complete and relay.usage == {"prompt_tokens": 1,

@@ -5,6 +5,7 @@ with an error event at once, not when `total_s` runs out."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import StartGateway, StartUpstream
-from tests.fakes.raw_backend import Pause, Piece, RawBackend, answer
+from tests.fakes.raw_backend import CLOSE, Pause, Piece, RawBackend, answer
 from tests.gateway.test_fallback import two_backend_policy
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -154,3 +155,30 @@ async def test_a_bad_chunk_mid_stream_ends_it_with_an_error_event_at_once(
     lines = [line for line in data.split(b"\n") if line.startswith(b"data: ")]
     assert b'"content":"one"' in lines[0]
     assert "error" in orjson.loads(lines[-1][6:])
+
+
+async def test_a_connection_the_backend_ends_after_its_answer_is_resent_and_counted(
+        raw_backend: Any, start_gateway: StartGateway) -> None:
+    # a backend that ends each kept-alive connection just after its answer (an idle
+    # timeout, a max-requests-per-connection), unread what was sent on it meanwhile: no
+    # client sees a 502 for it
+    backend = await raw_backend(lambda body: [answer(COMPLETION), Pause(0.05), CLOSE])
+    policy = two_backend_policy(backend.url, backend.url, timeouts=TIMEOUTS)
+    policy["routes"]["chat"]["targets"] = ["a/m"]
+    policy["defaults"] = {"limits": {"requests_per_minute": 100_000,
+                                     "tokens_per_minute": 100_000_000}}
+    gateway = await start_gateway(policy)
+    async with aiohttp.ClientSession() as session:
+        async def one() -> int:
+            async with session.post(gateway.url + "/v1/chat/completions",
+                                    json=CHAT) as response:
+                await response.read()
+                return response.status
+        statuses = [status for _ in range(25)
+                    for status in await asyncio.gather(*(one() for _ in range(4)))]
+        async with session.get(gateway.url + "/metrics") as response:
+            metrics = await response.text()
+    assert statuses == [200] * 100
+    resent = [line for line in metrics.splitlines()
+              if line.startswith('routegate_upstream_resends_total{backend="a"}')]
+    assert resent and float(resent[0].split()[-1]) > 0

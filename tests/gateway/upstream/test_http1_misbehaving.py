@@ -118,7 +118,8 @@ async def test_a_101_or_endless_interim_responses_are_a_malformed_answer(
         await client.close()
 
 
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
 
 
 @pytest.mark.parametrize("bad", [b"zz\r\nxx\r\n", b"5\r\ntoo long for five\r\n",
