@@ -38,6 +38,8 @@ class RawBackend:
         self.script = script
         self.connections = 0
         self.requests = 0
+        self.answered = 0  # requests whose script has run to its end
+        self._progress = asyncio.Event()
         self.url = ""
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -54,6 +56,31 @@ class RawBackend:
                 writer.transport.abort()
             await self._server.wait_closed()
 
+    async def until_answered(self, count: int) -> None:
+        """Until the scripts of `count` requests have run to their end."""
+        while self.answered < count:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _answer(self, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        """Send the scripted answer; False when it ended the connection."""
+        for piece in self.script(body):
+            if piece is CLOSE:
+                await writer.drain()
+                return False
+            if piece is RESET:
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return False
+            if isinstance(piece, Pause):
+                await writer.drain()
+                await asyncio.sleep(piece.seconds)
+            elif isinstance(piece, bytes):
+                writer.write(piece)
+        await writer.drain()
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.add(writer)
@@ -63,22 +90,12 @@ class RawBackend:
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
                 body = await reader.readexactly(length)
                 self.requests += 1
-                for piece in self.script(body):
-                    if piece is CLOSE:
-                        await writer.drain()
+                try:
+                    if not await self._answer(body, writer):
                         return
-                    if piece is RESET:
-                        sock = writer.get_extra_info("socket")
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                        struct.pack("ii", 1, 0))
-                        writer.transport.abort()
-                        return
-                    if isinstance(piece, Pause):
-                        await writer.drain()
-                        await asyncio.sleep(piece.seconds)
-                    elif isinstance(piece, bytes):
-                        writer.write(piece)
-                await writer.drain()
+                finally:
+                    self.answered += 1
+                    self._progress.set()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
