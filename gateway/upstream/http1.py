@@ -34,7 +34,7 @@ only the parts that do the work:
 Timeouts: `pool_wait_s` for a free connection when all `max_connections` are busy (a
 failure like any other: the caller may fall back); `connect_s` for opening a
 connection; `first_byte_s` for the whole response head (however slowly it trickles in)
-and for any silence on the socket between chunks of a stream; `total_s` for the whole exchange, body
+and for any silence between chunks of a stream; `total_s` for the whole exchange, body
 included — it fails whatever is waiting with `ServerTimeoutError` and drops the
 connection. A dropped connection is aborted, so whatever of the request it still
 buffers is discarded, not flushed to the backend.
@@ -59,10 +59,7 @@ from aiohttp import (
 )
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.compat.aiohttp import (
-    MalformedResponse,
-    PooledResponseHandler,
-)
+from gateway.compat.aiohttp import MalformedResponse, PooledResponseHandler
 from gateway.upstream.flow_control import write_with_flow_control
 from gateway.upstream.tls import tls_context
 
@@ -80,8 +77,6 @@ _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 LARGE_BODY_BYTES = 256 * 1024
 # 1xx heads a backend may send before its answer; past this it is not answering
 MAX_INTERIM_RESPONSES = 16
-__all__ = ["BodyTooLarge", "ConnectFailed", "Http1Client", "Http1Response",
-           "MalformedResponse", "Timeouts"]
 
 
 class ConnectFailed(ClientConnectionError):

@@ -14,7 +14,8 @@ import brotli
 import orjson
 import pytest
 
-from gateway.upstream.http1 import Http1Client, MalformedResponse, Timeouts
+from gateway.compat.aiohttp import MalformedResponse
+from gateway.upstream.http1 import Http1Client, Timeouts
 from tests.fakes.raw_backend import CLOSE, RESET, Pause, Piece, RawBackend, answer
 
 try:
