@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import StartGateway, StartUpstream
-from tests.fakes.raw_backend import CLOSE, Pause, Piece, RawBackend, answer
+from tests.fakes.raw_backend import CLOSE, RESET, Pause, Piece, RawBackend, answer
 from tests.gateway.test_fallback import two_backend_policy
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -182,3 +182,15 @@ async def test_a_connection_the_backend_ends_after_its_answer_is_resent_and_coun
     resent = [line for line in metrics.splitlines()
               if line.startswith('routegate_upstream_resends_total{backend="a"}')]
     assert resent and float(resent[0].split()[-1]) > 0
+
+
+async def test_a_stream_broken_before_its_first_whole_event_falls_back(
+        raw_backend: Any, start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    half = event("one")[:20]  # the head and half an event: nothing the client could use
+    backend = await raw_backend(lambda body: [SSE_HEAD + chunk(half), Pause(0.05), RESET])
+    spare = await start_upstream()
+    gateway = await start_gateway(two_backend_policy(backend.url, spare.url,
+                                                     timeouts=TIMEOUTS))
+    status, data = await _post(gateway.url, {**CHAT, "stream": True})
+    assert status == 200 and len(spare.received) == 1
+    assert b'"error"' not in data and data.endswith(b"data: [DONE]\n\n")
