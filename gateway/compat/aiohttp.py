@@ -13,8 +13,8 @@ for a saving measured in docs/benchmarks.md or a behaviour the public API cannot
   class of its connections (`make_connections_with`), a request's match info set without
   the router (`set_match_info`), the parser's exceptions, domain-matched sub-apps;
 - the backend client (`gateway/upstream/http1.py`): aiohttp's client protocol with its
-  llhttp parser (`ResponseHandler`, `RawResponseMessage`) and the wait for a paused
-  transport to drain (`drained`).
+  llhttp parser (`ResponseHandler`, `RawResponseMessage`), kept safe for a pool
+  (`PooledResponseHandler`), and the wait for a paused transport to drain (`drained`).
 
 Any aiohttp release may move these: `SUPPORTED` is the range they are tested with (the
 same as pyproject.toml's), and `check_aiohttp` refuses any other release, or one that
@@ -24,6 +24,7 @@ supported versions. `create_app` and `routegate serve` call it before anything r
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import cast
@@ -51,9 +52,19 @@ def _refusal(installed: str, why: str) -> str:
 
 try:  # a release that lost one of these modules gets the same error as any other
     from aiohttp.client_proto import ResponseHandler
-    from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
+    from aiohttp.helpers import (
+        _EXC_SENTINEL,
+        EMPTY_BODY_STATUS_CODES,
+        rfc822_formatted_time,
+        set_exception,
+    )
     from aiohttp.http import SERVER_SOFTWARE, RawResponseMessage
-    from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
+    from aiohttp.http_exceptions import (
+        BadHttpMessage,
+        BadHttpMethod,
+        HttpProcessingError,
+        LineTooLong,
+    )
     from aiohttp.http_writer import StreamWriter, _serialize_headers
     from aiohttp.web_urldispatcher import MatchedSubAppResource
 except ImportError as exc:  # pragma: no cover - only with an unsupported aiohttp
@@ -68,7 +79,9 @@ __all__ = [
     "HookedAppRunner",
     "IncompatibleAiohttp",
     "LineTooLong",
+    "MalformedResponse",
     "MatchedSubAppResource",
+    "PooledResponseHandler",
     "RawResponseMessage",
     "ResponseHandler",
     "StreamWriter",
@@ -97,7 +110,8 @@ _NEEDED: tuple[tuple[object, str], ...] = (
         "handle_error", "data_received", "connection_made", "connection_lost")),
     *((ResponseHandler, name) for name in (
         "_drain_helper", "set_response_params", "start_timeout", "read", "should_close",
-        "writing_paused", "force_close", "set_exception", "is_connected")),
+        "writing_paused", "force_close", "set_exception", "is_connected", "_payload",
+        "data_received")),
     (web.UrlMappingMatchInfo, "add_app"),
 )
 
@@ -226,3 +240,47 @@ async def drained(protocol: ResponseHandler) -> None:
     waits so); ConnectionError when it closes instead."""
     await protocol._drain_helper()
 
+
+
+class MalformedResponse(aiohttp.ClientPayloadError):
+    """The backend's response broke HTTP/1.1 (its framing, a chunk size, an encoding
+    that does not decode): aiohttp's parser error, as the `ClientError` callers catch."""
+
+
+class PooledResponseHandler(ResponseHandler):
+    """aiohttp's client protocol for a connection that serves one request after another.
+
+    - `idle` (set once a response has been read to its end, cleared when the next request
+      goes out): a byte arriving then is nothing anyone asked for (a late answer, junk),
+      so the connection is aborted; it must never be read as the next request's answer;
+    - a parse error (a bad chunk size, an undecodable body) fails the body being read at
+      once, where aiohttp fails only the queue of response heads (a reader of the body
+      would wait for the total timeout), and it is a `MalformedResponse` rather than
+      an `HttpProcessingError`, which is no `ClientError`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.idle = False
+        self.answered = False  # a byte of a response has arrived since the request went out
+
+    def response_ended(self) -> None:
+        self.idle = True
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle:
+            if data:  # (b"" is aiohttp resuming its own decompression)
+                self.abort()
+            return
+        if data:
+            self.answered = True
+        super().data_received(data)
+
+    def set_exception(self, exc: BaseException,
+                      exc_cause: BaseException = _EXC_SENTINEL) -> None:
+        if isinstance(exc, HttpProcessingError):
+            exc, exc_cause = MalformedResponse(f"malformed response: {exc.message}"), exc
+        super().set_exception(exc, exc_cause)
+        payload = self._payload
+        if payload is not None and not payload.is_eof() and payload.exception() is None:
+            set_exception(payload, exc, exc_cause)

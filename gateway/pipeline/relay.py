@@ -121,8 +121,11 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
     try:
         broken: MalformedEvent | None = None
         try:  # nothing has reached the client yet: a failure here may fall back
-            first = await content.readany()
-            out = relay.feed(first)
+            first = data = await content.readany()
+            out = relay.feed(data)
+            while data and not out:  # no whole event yet: still nothing committed
+                data = await content.readany()
+                out = relay.feed(data)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamFailure(_failed(exc)(
                 f"Backend '{name}' failed before streaming: {exc!r}.")) from exc

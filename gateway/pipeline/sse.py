@@ -44,7 +44,7 @@ class MalformedEvent(Exception):
 
 
 class SseRelay:
-    __slots__ = ("_last", "_pending", "content_events", "done", "finished",
+    __slots__ = ("_after_cr", "_last", "_pending", "content_events", "done", "finished",
                  "max_event_bytes", "strip_usage_chunk", "usage", "usage_chunk")
 
     def __init__(self, *, strip_usage_chunk: bool,
@@ -57,6 +57,7 @@ class SseRelay:
         self.done = False  # `data: [DONE]` seen (and withheld)
         self.finished = False  # a `finish_reason` seen
         self._pending = b""
+        self._after_cr = False  # the last read ended with a CR: a LF starting the next is its pair
         self._last = b""  # the latest events forwarded
         # chunks with a non-empty content/text delta: what a stream cut short produced
         self.content_events = 0
@@ -73,12 +74,18 @@ class SseRelay:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward now for one network read from the backend."""
+        if self._after_cr and data:
+            self._after_cr = False
+            if data[0] == 0x0A:
+                data = data[1:]
         if self._pending:
             data = self._pending + data
             self._pending = b""
-        if b"\r" in data:  # CRLF framing is legal SSE; normalise so one delimiter suffices
-            # (after joining: a read may end between the \r and the \n)
-            data = data.replace(b"\r\n", b"\n")
+        if b"\r" in data:  # CRLF and a bare CR end a line as LF does (the SSE spec's three
+            # line endings): normalised, one delimiter suffices; a read may end between
+            # the CR and the LF of a pair
+            self._after_cr = data[-1] == 0x0D
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if not self.finished and (_FINISHED[0] in data or _FINISHED[1] in data or (
                 _RESPONSES in data and any(end in data for end in _RESPONSES_ENDS))):
             self.finished = True
@@ -151,6 +158,7 @@ class SseRelay:
         event cut in the middle (its JSON unfinished): a stream that ended with the
         connection broke off there, and the caller says so rather than forward it."""
         rest, self._pending = self._pending, b""
+        self._after_cr = False
         if not rest.strip():
             return b""
         try:

@@ -188,6 +188,11 @@ class GatewayMetrics:
             "retries", "Attempts retried on the same backend (connect error, 503, 529, 429 "
             "with Retry-After), within the retry budget.", ["backend"],
         )
+        self.resends = counter(
+            "upstream_resends", "Requests sent again on a new connection because a kept-alive "
+            "one failed before any byte of an answer (the backend closed or reset it).",
+            ["backend"],
+        )
         self.ejections = counter(
             "outlier_ejections", "Targets ejected after connect errors, timeouts or 5xx in "
             "a row (a failed probe ejects again).", bm,
@@ -344,6 +349,9 @@ class GatewayMetrics:
 
     def observe_retry(self, backend: str) -> None:
         self.retries.labels(self.label("backend", backend)).inc()
+
+    def observe_resend(self, backend: str) -> None:
+        self.resends.labels(self.label("backend", backend)).inc()
 
     def observe_ejection(self, backend: str, model: str, *, ejected: bool) -> None:
         """A target was ejected (`ejected`) or put back in service."""

@@ -9,10 +9,16 @@ only the parts that do the work:
 
 - aiohttp's `ResponseHandler` protocol with its C (llhttp) response parser (not public
   API: taken from `gateway.compat.aiohttp`, which checks the aiohttp release): chunked and
-  content-length bodies, gzip/deflate/br, the socket-read timeout, `ClientPayloadError`
-  and `ServerDisconnectedError` exactly as a `ClientSession` raises them;
+  content-length bodies, gzip/deflate/br/zstd, the socket-read timeout, `ClientPayloadError`
+  and `ServerDisconnectedError` exactly as a `ClientSession` raises them; interim 1xx
+  responses (100 Continue, 103 Early Hints) skipped as HTTP/1.1 says; a response that
+  breaks HTTP (a bad chunk size, a body that does not decode) fails the attempt at once,
+  as a `MalformedResponse` (`compat.aiohttp.PooledResponseHandler`);
 - a pool of kept-alive connections per backend, bounded (`max_connections`), LIFO so
-  the warmest connection is reused; a request waits in FIFO order for a free one;
+  the warmest connection is reused; a request waits in FIFO order for a free one. A
+  connection goes back to the pool only when its response was read to the end and
+  nothing else came with it, and a byte arriving while it is idle aborts it: no answer
+  is ever read by a request it was not sent for;
 - the request written as one `bytes` (head precomputed per path) in one socket write;
   a body over `LARGE_BODY_BYTES` is written after its head a slice at a time, waiting
   whenever the transport's buffer is over its high-water mark (flow control), so a
@@ -20,14 +26,15 @@ only the parts that do the work:
   `first_byte_s` starts once the body is sent, and `total_s` covers the writing;
 - TLS for https URLs, with the system's CAs or a given `ssl.SSLContext`; the server's
   name is sent (SNI) and checked against its certificate, as `ClientSession` does;
-- one retry, on a new connection, when a kept-alive connection is closed under a request
-  before any answer (a backend's idle timeout racing it): never for a new connection,
-  never once a response has begun.
+- one retry, on a new connection, when a kept-alive connection fails under a request
+  before any byte of an answer (a backend's idle timeout racing it: a close, a reset, a
+  transport gone before the write), counted by `on_resend`: never for a new connection,
+  never for a timeout, never once a response has begun.
 
 Timeouts: `pool_wait_s` for a free connection when all `max_connections` are busy (a
 failure like any other: the caller may fall back); `connect_s` for opening a
-connection; `first_byte_s` for any silence on the socket (waiting for the response
-headers, and between chunks of a stream); `total_s` for the whole exchange, body
+connection; `first_byte_s` for the whole response head (however slowly it trickles in)
+and for any silence between chunks of a stream; `total_s` for the whole exchange, body
 included — it fails whatever is waiting with `ServerTimeoutError` and drops the
 connection. A dropped connection is aborted, so whatever of the request it still
 buffers is discarded, not flushed to the backend.
@@ -46,30 +53,30 @@ from urllib.parse import urlsplit
 from aiohttp import (
     EMPTY_PAYLOAD,
     ClientConnectionError,
-    ClientOSError,
     ClientPayloadError,
-    ServerDisconnectedError,
     ServerTimeoutError,
     StreamReader,
 )
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.compat.aiohttp import RawResponseMessage, ResponseHandler
-from gateway.upstream.flow_control import drained_or_answered
+from gateway.compat.aiohttp import MalformedResponse, PooledResponseHandler
+from gateway.upstream.flow_control import write_with_flow_control
 from gateway.upstream.tls import tls_context
 
 USER_AGENT = "routegate"
+# br and zstd are decoded when a backend sends them anyway, but not asked for: a backend
+# on a fast network gains nothing from them, and small stream chunks compress poorly.
 _FIXED_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate",
                   "User-Agent": USER_AGENT}
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
-# Bodies above this are written apart from their head, in slices under flow control;
-# a chat request is far smaller and keeps the one write. Slices, not one write: one
-# write is copied whole into the transport's buffer (TLS: into the socket transport's
-# under it, never pausing the TLS one), so only slices keep the buffer bounded.
+# Bodies above this are written apart from their head, in slices under flow control
+# (`flow_control.write_with_flow_control`); a chat request is far smaller and keeps the
+# one write.
 LARGE_BODY_BYTES = 256 * 1024
-WRITE_SLICE_BYTES = 64 * 1024  # asyncio's high-water mark for a socket transport
+# 1xx heads a backend may send before its answer; past this it is not answering
+MAX_INTERIM_RESPONSES = 16
 
 
 class ConnectFailed(ClientConnectionError):
@@ -104,7 +111,7 @@ class Http1Response:
     __slots__ = ("_client", "_deadline", "_protocol", "content", "headers", "on_done",
                  "status")
 
-    def __init__(self, client: Http1Client, protocol: ResponseHandler) -> None:
+    def __init__(self, client: Http1Client, protocol: PooledResponseHandler) -> None:
         self._client: Http1Client | None = client
         self._protocol = protocol
         self._deadline: asyncio.TimerHandle | None = None
@@ -156,6 +163,12 @@ class Http1Response:
         if on_done is not None:
             on_done()
 
+    def _head_overdue(self) -> None:
+        """`first_byte_s` is up: fail unless a head has come (in the same turn of the
+        loop, when it was busy: it only waits for its reader)."""
+        if not len(self._protocol):
+            self._expire("response head")
+
     def _expire(self, which: str = "total") -> None:
         """`total_s` (or a request's own `first_byte_s`) is up: fail whoever waits
         (headers or body) and drop the socket."""
@@ -171,8 +184,10 @@ class Http1Client:
 
     def __init__(self, base_url: str, *, max_connections: int, timeouts: Timeouts,
                  headers: Mapping[str, str] | None = None, keepalive_s: float = 30.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
-        """`ssl_context`: for an https URL, what to trust (default: the system's CAs)."""
+                 ssl_context: ssl.SSLContext | None = None,
+                 on_resend: Callable[[], None] | None = None) -> None:
+        """`ssl_context`: for an https URL, what to trust (default: the system's CAs);
+        `on_resend`: called each time a request is sent again on a new connection."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"backend URL must be http(s)://host[:port][/path], not {base_url!r}")
@@ -196,11 +211,12 @@ class Http1Client:
         self._limit = max_connections
         self.timeouts = timeouts
         self._keepalive_s = keepalive_s
-        self._idle: list[tuple[ResponseHandler, float]] = []
+        self._idle: list[tuple[PooledResponseHandler, float]] = []
         self._open = 0  # connections open or being opened, idle ones included
-        self._waiters: deque[asyncio.Future[ResponseHandler | None]] = deque()
+        self._waiters: deque[asyncio.Future[PooledResponseHandler | None]] = deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_resend = on_resend
 
     @property
     def closed(self) -> bool:
@@ -224,19 +240,23 @@ class Http1Client:
         protocol, reused = await self._acquire(loop, timeouts)
         try:
             return await self._exchange(loop, protocol, path, body, headers, timeouts)
-        except (ServerDisconnectedError, ClientOSError):
-            if not reused:
+        except ClientConnectionError as exc:
+            # a timeout is one too (slow is not closed); a MalformedResponse is not
+            if not reused or protocol.answered or isinstance(exc, TimeoutError):
                 raise
         # The backend closed a kept-alive connection just as this request went out on it
         # (its idle timeout): nothing was answered, so once more, on a new connection.
+        if self.on_resend is not None:
+            self.on_resend()
         protocol, _ = await self._acquire(loop, timeouts, reuse=False)
         return await self._exchange(loop, protocol, path, body, headers, timeouts)
 
-    async def _exchange(self, loop: asyncio.AbstractEventLoop, protocol: ResponseHandler,
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, protocol: PooledResponseHandler,
                         path: str, body: bytes, headers: Mapping[str, str] | None,
                         timeouts: Timeouts) -> Http1Response:
         response = Http1Response(self, protocol)
         first_byte: asyncio.TimerHandle | None = None
+        protocol.idle = protocol.answered = False
         try:
             response._deadline = loop.call_at(loop.time() + timeouts.total_s,
                                               response._expire)
@@ -250,36 +270,45 @@ class Http1Client:
                                             .encode() + self._fixed_lines)
             extra = _header_lines(headers) if headers else b""
             transport = protocol.transport
-            if transport is None:
+            if transport is None or transport.is_closing():
                 raise ClientConnectionError("connection closed before the request was sent")
             early = None
             if len(body) > LARGE_BODY_BYTES:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n" % (head, extra, len(body)))
-                early = await _write_with_flow_control(protocol, response, body)
+                early = await write_with_flow_control(
+                    protocol, body, lambda: response._client is None)
             else:
                 transport.write(b"%b%bContent-Length: %d\r\n\r\n%b"
                                 % (head, extra, len(body), body))
             if early is None:
                 protocol.start_timeout()  # first_byte_s runs from the end of the writing
-                if timeouts.first_byte_s < self.timeouts.first_byte_s:
-                    first_byte = loop.call_at(loop.time() + timeouts.first_byte_s,
-                                              response._expire, "first byte")
+                # ... and bounds the whole head: the socket timer restarts at every byte
+                first_byte = loop.call_at(loop.time() + timeouts.first_byte_s,
+                                          response._head_overdue)
                 message, payload = await protocol.read()
             else:
                 message, payload = early
+            interim = 0
+            while 100 <= message.code < 200:
+                if message.code == 101 or interim == MAX_INTERIM_RESPONSES:
+                    raise MalformedResponse(f"malformed response: HTTP {message.code} "
+                                            "where an answer to a POST was due")
+                interim += 1  # 100 Continue, 103 Early Hints: the answer follows
+                message, payload = await protocol.read()
         except BaseException:
             response.close()
             raise
         finally:
             if first_byte is not None:
                 first_byte.cancel()
+        payload.on_eof(protocol.response_ended)  # from then on, a byte is a stray one
         response.status = message.code
         response.headers = message.headers
         response.content = payload
         return response
 
     async def _acquire(self, loop: asyncio.AbstractEventLoop, timeouts: Timeouts, *,
-                       reuse: bool = True) -> tuple[ResponseHandler, bool]:
+                       reuse: bool = True) -> tuple[PooledResponseHandler, bool]:
         """A connection and whether it served an earlier request; `reuse=False` opens
         a new one (as soon as the bound allows)."""
         if self._closed:
@@ -287,12 +316,13 @@ class Http1Client:
         idle = self._idle
         while idle and reuse:
             protocol, since = idle.pop()
-            if protocol.is_connected() and monotonic() - since < self._keepalive_s:
+            if (protocol.is_connected() and not protocol.should_close
+                    and monotonic() - since < self._keepalive_s):
                 return protocol, True
             protocol.close()
             self._open -= 1
         if self._open >= self._limit:
-            waiter: asyncio.Future[ResponseHandler | None] = loop.create_future()
+            waiter: asyncio.Future[PooledResponseHandler | None] = loop.create_future()
             self._waiters.append(waiter)
             wait_s = min(self.timeouts.pool_wait_s, timeouts.total_s)
             try:
@@ -309,7 +339,7 @@ class Http1Client:
                         f"max_connections ({self._limit}) are busy") from None
                 raise
             if handed is not None:
-                if handed.is_connected() and reuse:
+                if handed.is_connected() and not handed.should_close and reuse:
                     return handed, True
                 handed.close()  # closed by the backend on its way here: open anew
             # here the slot is ours (None: a connection closed and passed it on)
@@ -322,11 +352,11 @@ class Http1Client:
             raise
 
     async def _connect(self, loop: asyncio.AbstractEventLoop,
-                       connect_s: float) -> ResponseHandler:
+                       connect_s: float) -> PooledResponseHandler:
         try:
             async with asyncio.timeout(connect_s):
                 _, protocol = await loop.create_connection(
-                    lambda: ResponseHandler(loop), self._host, self._port, ssl=self._ssl,
+                    lambda: PooledResponseHandler(loop), self._host, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)
         except TimeoutError:
             raise ServerTimeoutError(f"Connect timeout to {self.address}") from None
@@ -334,7 +364,7 @@ class Http1Client:
             raise ConnectFailed(self.address, exc) from exc
         return protocol
 
-    def _give_back(self, protocol: ResponseHandler | None, reusable: bool) -> None:
+    def _give_back(self, protocol: PooledResponseHandler | None, reusable: bool) -> None:
         """A request is done with `protocol` (None: a connection that never opened)."""
         if protocol is not None and reusable and not self._closed:
             while self._waiters:
@@ -359,34 +389,6 @@ class Http1Client:
             protocol.close()
         self._open -= len(self._idle)
         self._idle.clear()
-
-
-async def _write_with_flow_control(
-        protocol: ResponseHandler, response: Http1Response, body: bytes,
-) -> tuple[RawResponseMessage, StreamReader] | None:
-    """Write `body` a slice at a time; whenever the transport pauses writing (its buffer
-    over the high-water mark), wait until it drains, as aiohttp's own writer does
-    (`compat.aiohttp.drained`) — or until the backend answers without reading the
-    rest (a 413, say, on a connection it keeps open): that answer is returned, and the
-    connection, half a body behind, is not used again. `total_s` ends a wait:
-    `_expire` aborts the connection, which wakes it."""
-    view = memoryview(body)
-    for start in range(0, len(view), WRITE_SLICE_BYTES):
-        transport = protocol.transport
-        if transport is None:
-            # Closed by the backend: `read()` gives its answer (one sent before it
-            # stopped reading) or says why there is none.
-            return None
-        transport.write(view[start:start + WRITE_SLICE_BYTES])
-        if protocol.writing_paused:
-            answered = await drained_or_answered(protocol)
-            if answered is not None:
-                protocol.force_close()
-                return answered
-            if response._client is None:  # `_expire` finished the response meanwhile
-                raise ServerTimeoutError("Total timeout: the backend did not read the "
-                                         "request body in time")
-    return None
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

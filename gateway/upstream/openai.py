@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -131,6 +131,7 @@ class OpenAIUpstream:
         self._closing: asyncio.Task[None] | None = None  # held so it is not collected
         self._ca_stamp: tuple[str, int] | None = None  # the `ca_file` its client trusts
         self._band_headers, self._band_fields = _priority_wire(backend)
+        self.on_resend: Callable[[str], None] | None = None  # told this backend's name
 
     def client(self) -> Http1Client:
         if self._client is None:
@@ -143,8 +144,13 @@ class OpenAIUpstream:
                                   timeouts.pool_wait_s),
                 headers=self._headers,
                 # the system's CAs unless the policy names a bundle (`Http1Client`'s default)
-                ssl_context=None if ca_file is None else tls_context(ca_file))
+                ssl_context=None if ca_file is None else tls_context(ca_file),
+                on_resend=None if self.on_resend is None else self._resent)
         return self._client
+
+    def _resent(self) -> None:
+        if self.on_resend is not None:
+            self.on_resend(self.name)
 
     def retire(self) -> None:
         """A reload replaced this adapter: close its session once no request uses it.

@@ -51,6 +51,7 @@ class Upstream(Protocol):
 
     backend: Backend
     base_url: str
+    on_resend: Callable[[str], None] | None
 
     def prepare(self, path: str, raw: bytes, body: dict[str, Any], *, model: str,
                 stream_usage: bool, priority: str = "normal") -> bytes: ...
@@ -75,6 +76,8 @@ class UpstreamPool:
         self._retired: list[Upstream] = []
         self._current: frozenset[str] | None = None  # the live policy's enabled backends
         self.on_capabilities: Callable[[str, ModelCapabilities | None], None] | None = None
+        # a request sent again on a new connection (`Http1Client.on_resend`), by backend
+        self.on_resend: Callable[[str], None] | None = None
 
     def follow(self, policy: Policy) -> None:
         """The live policy (at start and after each reload, changed or not): adapters of
@@ -103,6 +106,7 @@ class UpstreamPool:
         if adapter is not None:
             self._retire(adapter)
         adapter = kind(name, backend, url)
+        adapter.on_resend = self.on_resend
         if self._current is not None and name not in self._current:
             # a request still running under an older policy: served, then closed
             self._retire(adapter)

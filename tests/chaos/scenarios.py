@@ -171,3 +171,43 @@ SCENARIOS: dict[str, Scenario] = {
     "broken policies hot-loaded": broken_policy_reload,
     "local backend killed mid-stream": local_backend_killed,
 }
+
+
+# -- framing faults: the gateway hides them (ok) or ends the stream with an error --------
+
+def hidden(scenario: Scenario) -> Scenario:
+    """A fault a healthy path exists around: anything but ok counts as lost."""
+    async def run(chaos: Chaos, n: int) -> list[str]:
+        return [outcome if outcome == clients.OK else f"{clients.LOST}: {outcome}, not ok"
+                for outcome in await scenario(chaos, n)]
+    return run
+
+
+async def reset_on_reuse(chaos: Chaos, n: int) -> list[str]:
+    """Rounds of requests back to back: each goes out on a kept-alive connection the
+    backend ends, unread, just after its last answer; the gateway must send it again
+    (and count it: a round that reused nothing proves nothing)."""
+    outcomes = [outcome for _ in range(3)
+                for outcome in await chaos.requests(n, "reset_on_reuse", False)]
+    async with chaos.session.get(f"http://127.0.0.1:{chaos.gateway.port}/metrics") as reply:
+        metrics = await reply.text()
+    if 'routegate_upstream_resends_total{backend="reset_on_reuse"}' not in metrics:
+        outcomes.append(f"{clients.LOST}: no request was resent")
+    return outcomes
+
+
+FRAMING_SCENARIOS: dict[str, Scenario] = {
+    "1xx before the answer": hidden(upstream_fault("interim_1xx", True)),
+    "1xx before the answer (json)": hidden(upstream_fault("interim_1xx", False)),
+    "Brotli reply": hidden(upstream_fault("brotli", False)),
+    "Brotli stream": hidden(upstream_fault("brotli", True)),
+    "undecodable Brotli +fallback": hidden(upstream_fault("bad_brotli", False,
+                                                          fallback=True)),
+    "bad chunk size mid-stream": upstream_fault("bad_chunk", True),
+    "bad chunk size +fallback": hidden(upstream_fault("bad_chunk", False, fallback=True)),
+    "trickled headers +fallback": hidden(upstream_fault("trickled_headers", True,
+                                                        fallback=True)),
+    "bare-CR event stream": hidden(upstream_fault("bare_cr", True)),
+    "reset on reuse": hidden(reset_on_reuse),
+}
+SCENARIOS.update(FRAMING_SCENARIOS)

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.chaos import clients
-from tests.chaos.upstream import ChaosUpstream
+from tests.chaos.upstream import FRAMING_FAULTS, ChaosUpstream
 from tests.ports import free_port
 from tests.redis_server import RedisServer
 
@@ -34,7 +34,7 @@ FAULTS = ("healthy", "reset_before_headers", "reset_after_headers", "reset_mid_s
           "stall", "slow_first_byte", "eof_mid_stream", "json_for_stream",
           "malformed_events", "oversized", "endless", "slow_stream", "big_stream",
           "status_429", "status_429_retry_after", "status_500", "status_503",
-          "status_503_retry_after", "status_529")
+          "status_503_retry_after", "status_529", *FRAMING_FAULTS)
 TOLERANCE = 0.10  # RSS and fds back within 10 % of the start
 SETTLE_S = 5.0  # how long the gateway may take to close what a scenario left open
 
@@ -49,6 +49,9 @@ def policy(upstream_port: int, redis_url: str | None,
                 "timeouts": {"connect_s": 1.0, "first_byte_s": 0.5, "total_s": 2.0,
                              "pool_wait_s": 0.5}}
         for fault in FAULTS}
+    # the healthy backend costs a little more, so a `+fallback` route tries its fault first
+    backends["healthy"]["models"] = {  # type: ignore[index]
+        "m": {"input_usd_per_mtok": 0.01, "output_usd_per_mtok": 0.01}}
     routes: dict[str, object] = {}
     for fault in FAULTS:
         routes[fault] = {"targets": [f"{fault}/m"]}

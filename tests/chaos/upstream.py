@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
+import brotli
 import orjson
 
 HEALTHY_CHUNKS = 3
@@ -108,6 +110,8 @@ class ChaosUpstream:
                       writer: asyncio.StreamWriter) -> bool:
         """Write the fault's reply; False when the connection is done with."""
         write = writer.write
+        if fault in FRAMING_FAULTS:
+            return await _framing(fault, stream, reader, writer)
         if fault.startswith("status_"):  # status_503, status_429_retry_after, ...
             parts = fault.split("_")
             write(_error(int(parts[1]), retry_after=len(parts) > 2))
@@ -179,6 +183,68 @@ def _healthy(stream: bool) -> bytes:
     events = b"".join(_chunk(word) for word in ("one", " two", " three")[:HEALTHY_CHUNKS])
     events += _chunk("", "stop") + _USAGE + b"data: [DONE]\n\n"
     return _SSE_HEAD + _framed(events) + _END
+
+
+# -- framing faults: HTTP/1.1 and SSE framing a backend gets wrong -------------------
+
+FRAMING_FAULTS = ("interim_1xx", "brotli", "bad_brotli", "bad_chunk", "trickled_headers",
+                  "bare_cr", "reset_on_reuse")
+
+
+def _compressed(reply: bytes, encoded: Callable[[bytes], bytes]) -> bytes:
+    """`reply` (head and body) with its body sent as `Content-Encoding: br`."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    if b"chunked" in head:  # one chunk of events, then the end
+        body = body[body.index(b"\r\n") + 2:-len(b"\r\n" + _END)]
+        data = encoded(body)
+        return head + b"\r\nContent-Encoding: br\r\n\r\n" + _framed(data) + _END
+    head = head.partition(b"\r\nContent-Length:")[0]
+    data = encoded(body)
+    return head + b"\r\nContent-Encoding: br\r\nContent-Length: %d\r\n\r\n%b" % (
+        len(data), data)
+
+
+async def _framing(fault: str, stream: bool, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> bool:
+    """Write a framing fault's reply; False when the connection is done with."""
+    reply = _healthy(stream)
+    if fault == "interim_1xx":  # 100 Continue, a pause, 103 Early Hints, the answer
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+                     + reply)
+    elif fault == "brotli":
+        writer.write(_compressed(reply, lambda data: bytes(brotli.compress(data))))
+    elif fault == "bad_brotli":
+        writer.write(_compressed(reply, lambda data: b"\xff\x00 not brotli" + data[:20]))
+    elif fault == "bad_chunk":  # a chunk size that is no number, then silence
+        first = _framed(_chunk("a")) if stream else b""
+        writer.write(reply.partition(b"\r\n\r\n")[0].replace(b"Content-Length", b"X-Was")
+                     + b"\r\nTransfer-Encoding: chunked\r\n\r\n" * (not stream)
+                     + b"\r\n\r\n" * stream + first + b"zz\r\n")
+        await writer.drain()
+        await reader.read()  # until the gateway gives up and closes
+        return False
+    elif fault == "trickled_headers":  # the head a byte at a time, far past first_byte_s
+        for byte in reply.partition(b"\r\n\r\n")[0]:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"\r\n\r\n" + reply.partition(b"\r\n\r\n")[2])
+    elif fault == "bare_cr":
+        if stream:
+            head, _, body = reply.partition(b"\r\n\r\n")
+            events = body[body.index(b"\r\n") + 2:-len(b"\r\n" + _END)]
+            reply = head + b"\r\n\r\n" + _framed(events.replace(b"\n", b"\r")) + _END
+        writer.write(reply)
+    elif fault == "reset_on_reuse":  # the answer, then the connection ends, unread
+        writer.write(reply)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+    await writer.drain()
+    return True
 
 
 async def _serve_forever() -> None:  # `python -m tests.chaos.upstream`: try it by hand
