@@ -100,13 +100,17 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = None,
     weights: CpuWeights | Literal["auto"] | None = None,
+    keep_converted: bool = True,
 ) -> Checkpoint:
     """`weights`: a CPU weight format (`cpu_weights`), "auto" for the one the checkpoint
-    suggests on CPU (`auto_weights`; nothing on other devices), or None for `dtype`."""
+    suggests on CPU (`auto_weights`; nothing on other devices), or None for `dtype`.
+    `keep_converted`: a GGUF's converted tensors are kept under `cache_dir` and read
+    from there on the next load (`model/weight_cache.py`)."""
     name, path = resolve(model, cache_dir)
     if weights == "auto":
         weights = auto_weights(path) if torch.device(device).type == "cpu" else None
-    loaded = load_model(path, device=device, dtype=dtype, progress=progress, weights=weights)
+    loaded = load_model(path, device=device, dtype=dtype, progress=progress, weights=weights,
+                        cache_dir=cache_dir if keep_converted else None)
     found = gguf_path(path)
     if found is None:
         tokenizer = Tokenizer.from_dir(path)

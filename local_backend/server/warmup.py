@@ -28,6 +28,7 @@ DECODE_TOKENS = 8  # decode steps of the timed request
 WARM_DECODE_TOKENS = 4
 WARM_SHORT_PROMPTS = (16, 40)  # beside the long one: a mixed batch, then batched decodes
 MAX_PROMPT_TOKENS = 512  # a larger per-step budget (CUDA) is warmed up to this prompt
+TIMED_PROMPT_TOKENS = 64  # about a chat turn: the prefill rate most requests see
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ async def warm_up(engine: Engine) -> MeasuredRates:
         for i, n in enumerate(lengths)))
     await _run(engine, "warmup-single", _prompt(WARM_SHORT_PROMPTS[0], 90, vocab),
                WARM_DECODE_TOKENS)
-    timed = await _run(engine, "warmup-timed", _prompt(longest, 99, vocab), DECODE_TOKENS)
+    timed = await _run(engine, "warmup-timed",
+                       _prompt(min(longest, TIMED_PROMPT_TOKENS), 99, vocab), DECODE_TOKENS)
     t = timed.timings
     assert t is not None and t.first_scheduled is not None and t.first_token is not None
     assert t.last_token is not None
