@@ -5,8 +5,8 @@ torch initialises lazily on a thread's first calls (its OpenMP thread team, oneD
 kernels per shape, the allocator's pools): before this, an engine's first requests
 were an order of magnitude slower than the next ones, while the gateway already
 counted the backend as ready. So the engine first runs a batch like the ones it will
-serve (a prefill chunk of the full per-step token budget beside shorter prompts, then
-decodes of several sequences, then of one), and only then is one request timed: its
+serve (a long prompt beside a short one, then decodes of both, then of one), and only
+then is one request timed: its
 prefill rate (prompt tokens per second from first scheduled to first token) and its
 decode rate (tokens per second of one stream). The server reports both at `/health`
 and on its model card, where the gateway's latency prediction takes them up.
@@ -24,11 +24,10 @@ from local_backend.engine.params import SamplingParams
 
 log = logging.getLogger("local_backend.warmup")
 
-DECODE_TOKENS = 8  # decode steps of the timed request
-WARM_DECODE_TOKENS = 4
-WARM_SHORT_PROMPTS = (16, 40)  # beside the long one: a mixed batch, then batched decodes
-MAX_PROMPT_TOKENS = 512  # a larger per-step budget (CUDA) is warmed up to this prompt
-TIMED_PROMPT_TOKENS = 64  # about a chat turn: the prefill rate most requests see
+LONG_PROMPT_TOKENS = 128  # the warm batch's long prompt, at most (CPU's step budget: 256)
+SHORT_PROMPT_TOKENS = 16
+TIMED_PROMPT_TOKENS = 32  # about a short chat turn: the prefill rate most requests see
+TIMED_DECODE_TOKENS = 6
 
 
 @dataclass(frozen=True)
@@ -66,16 +65,15 @@ async def warm_up(engine: Engine) -> MeasuredRates:
     """Run the warm-up batch, then time one request; the engine must be started."""
     started = time.monotonic()
     vocab = engine.runner.model.config.vocab_size
-    budget = engine.config.max_num_batched_tokens
-    longest = max(1, min(budget, MAX_PROMPT_TOKENS, engine.max_model_len - DECODE_TOKENS - 1))
-    lengths = [longest, *(n for n in WARM_SHORT_PROMPTS if n < longest)]
-    await asyncio.gather(*(
-        _run(engine, f"warmup-{i}", _prompt(n, i, vocab), WARM_DECODE_TOKENS)
-        for i, n in enumerate(lengths)))
-    await _run(engine, "warmup-single", _prompt(WARM_SHORT_PROMPTS[0], 90, vocab),
-               WARM_DECODE_TOKENS)
+    room = engine.max_model_len - TIMED_DECODE_TOKENS - 1
+    longest = max(1, min(engine.config.max_num_batched_tokens, LONG_PROMPT_TOKENS, room))
+    # Both prefills in one step, decodes of two sequences, then of the short one alone.
+    await asyncio.gather(
+        _run(engine, "warmup-long", _prompt(longest, 1, vocab), 2),
+        _run(engine, "warmup-short", _prompt(min(longest, SHORT_PROMPT_TOKENS), 2, vocab), 4))
     timed = await _run(engine, "warmup-timed",
-                       _prompt(min(longest, TIMED_PROMPT_TOKENS), 99, vocab), DECODE_TOKENS)
+                       _prompt(min(longest, TIMED_PROMPT_TOKENS), 3, vocab),
+                       TIMED_DECODE_TOKENS)
     t = timed.timings
     assert t is not None and t.first_scheduled is not None and t.first_token is not None
     assert t.last_token is not None

@@ -22,9 +22,9 @@ async def test_the_engine_has_run_before_the_server_listens_and_reports_its_rate
     await runner.setup()  # the app's start-up, warm-up included; nothing listens yet
     try:
         stats = engine.stats()
-        # the warm-up's prompts: a full 64-token step budget beside shorter ones, then
-        # the timed one (none shares a block with another)
-        assert stats.prefix_cache_queries >= 64 + 16 + 40 + 16 + 64
+        # the warm-up's prompts: one of the full 64-token step budget beside a short
+        # one, then the timed one (none shares a block with another)
+        assert stats.prefix_cache_queries >= 64 + 16 + 32
         assert stats.prefix_cache_hits == 0
         assert stats.running == stats.waiting == 0
         site = web.TCPSite(runner, "127.0.0.1", 0)
