@@ -21,6 +21,9 @@ from typing import Any, Final
 from policies.schema import Backend, Capabilities, ModelSpec
 
 FLAGS: Final = ("tools", "vision", "json_mode", "json_schema", "logprobs", "audio")
+# Reported rates outside this range (tokens per second) are taken as not reported: a
+# rate near zero would predict an infinite time, and nothing serves faster than this.
+RATE_RANGE: Final = (0.01, 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ def from_report(card: Mapping[str, Any]) -> ModelCapabilities | None:
     for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
         rate = card.get(name)
         if isinstance(rate, int | float) and not isinstance(rate, bool) \
-                and 0 < rate < float("inf"):
+                and RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
             values[name] = float(rate)
     return ModelCapabilities(**values)
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.capabilities import from_report, resolve
+from policies.capabilities import RATE_RANGE, from_report, resolve
 from routing.predict import TargetModel, predict
 from routing.stats import LiveStats
 from tests.routing.policies import policy
@@ -44,12 +44,13 @@ def test_the_first_prediction_uses_the_measured_rates() -> None:
        decode=st.one_of(st.none(), st.integers(), st.floats(allow_nan=True,
                                                              allow_infinity=True)))
 def test_any_reported_value_gives_a_finite_positive_rate(prefill: Any, decode: Any) -> None:
-    """A card's odd values (missing, zero, negative, infinite, NaN, a string, a bool)
-    fall back to the priors, never to a rate that breaks the arithmetic."""
+    """A card's odd values (missing, zero, negative, tiny, huge, infinite, NaN, a string,
+    a bool) fall back to the priors, never to a rate that breaks the arithmetic (a
+    near-zero decode rate made the cost infinite, and its rounding raised)."""
     model = reported(prefill, decode)
     p = predict(model, 100, 10, LiveStats().snapshot().target(model.key), 0.0)
     assert math.isfinite(p.ttft_ms) and p.ttft_ms > 0
     assert math.isfinite(p.total_ms) and p.total_ms >= p.ttft_ms
     usable = isinstance(prefill, int | float) and not isinstance(prefill, bool) \
-        and 0 < prefill < math.inf
+        and RATE_RANGE[0] <= prefill <= RATE_RANGE[1]
     assert model.prefill_ms_per_token == (1000.0 / prefill if usable else 1000.0 / 4000)
