@@ -7,7 +7,6 @@ model card's 0.2 / 0.9 the first token is a near tie, see `local_backend.checkpo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_backend.chat_template import ChatTemplate
 from local_backend import torch_compat
+from local_backend.chat_template import ChatTemplate
 from local_backend.checkpoint import Checkpoint, auto_weights, bundled_path, load_checkpoint
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.params import SamplingParams
