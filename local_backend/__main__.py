@@ -132,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     name, model, generation = checkpoint.name, checkpoint.model, checkpoint.generation
     provider = tracer_provider_from_env()
-    app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation)
-    log.info("serving %s on http://%s:%d (%s, %s weights, %d KV blocks of %d tokens)", name,
-             args.host, args.port, device, weight_format(model), num_blocks, args.block_size)
+    app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation,
+                     warm=True)
+    log.info("serving %s on http://%s:%d once warmed up (%s, %s weights, %d KV blocks of %d "
+             "tokens; sampling defaults temperature %g, top_p %g)", name, args.host, args.port,
+             device, weight_format(model), num_blocks, args.block_size, generation.temperature,
+             generation.top_p)
     try:
         return asyncio.run(serve(app, args.host, args.port))
     finally:

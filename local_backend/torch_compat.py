@@ -12,6 +12,7 @@ and the callers keep dense weights or refuse the option with this module's reaso
 from __future__ import annotations
 
 import re
+from functools import cache
 
 import torch
 
@@ -40,6 +41,20 @@ def has_mkldnn_linear() -> bool:
     ops = torch.ops.mkldnn
     return (version_supported() and torch.backends.mkldnn.is_available()
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+@cache
+def has_bf16_linear() -> bool:
+    """oneDNN's bf16 GEMM runs on this CPU: it needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT,
+    and refuses to pack a bf16 weight elsewhere (an AVX2-only CPU). A probe, once per
+    process: torch states the requirement only in that refusal."""
+    if not has_mkldnn_linear():
+        return False
+    try:
+        mkldnn_pack(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def mkldnn_pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:

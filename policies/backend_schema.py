@@ -94,8 +94,9 @@ class LaunchSpec(FileModel):
     directory."""
     args: list[str] = []
     """Extra command-line arguments for `python -m local_backend`."""
-    startup_timeout_s: PositiveFloat = 120.0
-    """Seconds the child may take to answer `GET /health` before it is restarted."""
+    startup_timeout_s: PositiveFloat = 300.0
+    """Seconds the child may take to answer `GET /health` before it is restarted: loading
+    the model and warming it up (a local_backend answers only once warm)."""
 
 
 class Backend(FileModel):

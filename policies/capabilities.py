@@ -4,7 +4,12 @@ reports about itself, then what the policy file states (the file always wins).
 A launched local backend reports at `GET /v1/models`, on each model card:
 
     {"id": "demo", ..., "capabilities": {"tools": false, "vision": false, ..., "n": 16},
-     "max_model_len": 2048, "max_output_tokens": 2048}
+     "max_model_len": 2048, "max_output_tokens": 2048,
+     "prefill_tokens_per_s": 2400.0, "decode_tokens_per_s": 41.5}
+
+The two rates are what it measured on itself after its warm-up: latency prediction
+takes them instead of the policy's declared `priors` (which stand for a backend that
+reports nothing), until live statistics of its own requests exist.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any, Final
 from policies.schema import Backend, Capabilities, ModelSpec
 
 FLAGS: Final = ("tools", "vision", "json_mode", "json_schema", "logprobs", "audio")
+# Reported rates outside this range (tokens per second) are taken as not reported: a
+# rate near zero would predict an infinite time, and nothing serves faster than this.
+RATE_RANGE: Final = (0.01, 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,9 @@ class ModelCapabilities:
     n: int | None = 1  # most choices per request; None: no limit
     context_tokens: int | None = None  # None: not known (not checked)
     max_output_tokens: int | None = None
+    # measured by the backend itself (its warm-up); None: not reported
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
 
     def names(self) -> frozenset[str]:
         """The flags it has (`tools`, `vision`, ...), and `n` when it allows several."""
@@ -68,6 +79,11 @@ def from_report(card: Mapping[str, Any]) -> ModelCapabilities | None:
         value = card.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             values[name] = value
+    for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        rate = card.get(name)
+        if isinstance(rate, int | float) and not isinstance(rate, bool) \
+                and RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+            values[name] = float(rate)
     return ModelCapabilities(**values)
 
 

@@ -268,6 +268,11 @@ class ServerSettings(FileModel):
     """Longest pause while a request body arrives; past it, 408 and the connection closes."""
     max_connections_per_client: PositiveInt = 1024
     """Connections one client address may hold open; more are answered 429 and closed."""
+    readyz: Literal["all_routes", "any"] = "all_routes"
+    """When `GET /readyz` says ready: `all_routes`, when every route has a target whose
+    backend is ready, and so has every tenant among the targets its compliance rules leave
+    it (a launched backend is ready once it has warmed up); `any`, as soon as one backend
+    is ready."""
 
 
 # memory | redis://host:port/db | redis+cluster://node,node | redis+sentinel://s,s/name

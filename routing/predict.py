@@ -55,6 +55,10 @@ class TargetModel:
         policy declares them); `lacks`: bits learned missing on top."""
         priors = target.spec.priors
         can = capabilities or resolve(target.backend, target.spec)
+        # What the backend measured on itself (a launched backend, after its warm-up)
+        # beats what the policy guessed for it.
+        prefill_rate = can.prefill_tokens_per_s or priors.prefill_tokens_per_s
+        decode_rate = can.decode_tokens_per_s or priors.decode_tokens_per_s
         inf = float("inf")
         return cls(
             key=target.key, target=target,
@@ -63,8 +67,8 @@ class TargetModel:
             queue_slots=_tighter(target.spec.max_concurrency, target.backend.max_concurrency),
             prior_network_ms=priors.network_ms,
             prior_overhead_ms=priors.ttft_ms or 0.0,
-            prefill_ms_per_token=1000.0 / priors.prefill_tokens_per_s,
-            prior_decode_tokens_per_s=priors.decode_tokens_per_s,
+            prefill_ms_per_token=1000.0 / prefill_rate,
+            prior_decode_tokens_per_s=decode_rate,
             context_tokens=can.context_tokens,
             context_limit=can.context_tokens or inf,
             lacks=(ALL & ~mask_of(can)) | lacks,

@@ -12,6 +12,7 @@ from gateway.auth import TENANT_HEADER
 from gateway.pipeline.context import Endpoint
 from gateway.pipeline.steps import Pipeline
 from gateway.route.admin import backend_states, out_of_service
+from gateway.route.readiness import readiness
 from gateway.server.drain import DRAIN
 from gateway.upstream.connect_probe import READINESS
 
@@ -57,21 +58,27 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: at least one enabled backend can take requests, and the process is not
-    draining (SIGTERM). Lists every backend."""
+    """Readiness: requests can be served (`gateway.route.readiness`: every route, and
+    every tenant's compliant targets, or one backend with `server.readyz: any`), and the
+    process is not draining (SIGTERM). Lists every backend and route, and the tenants
+    left with nothing to go to."""
     pipeline = request.app[PIPELINE]
     policy = pipeline.live.current
     backends = backend_states(request.app, policy, pipeline.pool)  # pool, health checks
     for name, failure in (await request.app[READINESS].unreachable(policy)).items():
         if backends.get(name) == "ready":
             backends[name] = failure
-    ready = any(state == "ready" for state in backends.values())
-    status = "ready" if ready else "not ready"
+    ejected = out_of_service(request.app, policy)
+    state = readiness(policy, backends, ejected)
+    ready, status = state.ready, "ready" if state.ready else "not ready"
     if request.app[DRAIN].draining:
         ready, status = False, "draining"
-    return _json({"status": status, "policy": policy.version_hash, "backends": backends,
-                  "ejected": out_of_service(request.app, policy)},
-                 status=200 if ready else 503)
+    body: dict[str, object] = {"status": status, "policy": policy.version_hash,
+                               "backends": backends, "routes": state.routes,
+                               "ejected": ejected}
+    if state.tenants:
+        body["tenants"] = state.tenants
+    return _json(body, status=200 if ready else 503)
 
 
 async def continue_unless_too_large(request: web.Request) -> None:

@@ -2,7 +2,8 @@
 
 For each such backend: pick a free loopback port, run
 `<launch_command> --model M --host 127.0.0.1 --port P <args>`, poll `GET /health`
-until it answers (at most `startup_timeout_s`), read what it can do from its
+until it answers (at most `startup_timeout_s`; a local_backend listens only once it has
+loaded and warmed up), read what it can do, and the rates it measured, from its
 `GET /v1/models`, then hand `http://127.0.0.1:P/v1` and those capabilities to the
 upstream pool (routing sends the child only requests it can serve). When the child
 dies it is marked down (requests get a 503 naming it) and started again after a backoff

@@ -42,6 +42,9 @@ def check_available(weights: CpuWeights) -> None:
     if not torch_compat.version_supported():
         raise ModelLoadError(f"{weights} weights: {torch_compat.why_unsupported()}")
     # bf16 is also where a layer goes that the int8/int4 kernels cannot take.
+    if not torch_compat.has_bf16_linear():
+        raise ModelLoadError(f"{weights} weights: this CPU has no bf16 matrix instructions "
+                             "(oneDNN needs AVX-512 or AVX-NE-CONVERT); use --weights fp32")
     has = torch_compat.has_mkldnn_linear() and {
         "bf16": True, "int8": torch_compat.has_int8_mm(), "int4": torch_compat.has_int4_mm(),
     }[weights]

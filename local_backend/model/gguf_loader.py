@@ -24,6 +24,7 @@ from local_backend.model.config import LlamaConfig, ModelLoadError
 from local_backend.model.cpu_weights import CpuWeights
 from local_backend.model.gguf_file import GGUFFile
 from local_backend.model.llama import LlamaForCausalLM
+from local_backend.model.weight_cache import cached
 
 # general.architecture → Hugging Face model_type; only `llama` has permuted q/k rows.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -160,7 +161,9 @@ def load_gguf_model(
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = sys.stderr,
     weights: CpuWeights | None = None,
+    cache_dir: Path | None = None,
 ) -> LlamaForCausalLM:
+    """`cache_dir`: keep the converted tensors there for the next start (`weight_cache`)."""
     gguf = resolve(path)
     config = config_from_gguf(gguf)
     arch = gguf.metadata["general.architecture"]
@@ -179,5 +182,6 @@ def load_gguf_model(
     factors = None
     if ROPE_FACTORS in gguf.tensors:
         factors = gguf.read(ROPE_FACTORS)
-    return build_model(config, tensors(), source=str(gguf.path), device=device, dtype=dtype,
+    converted = cached(tensors(), cache_dir, gguf.path)
+    return build_model(config, converted, source=str(gguf.path), device=device, dtype=dtype,
                        progress=progress, rope_factors=factors, weights=weights)

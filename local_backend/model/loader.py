@@ -33,15 +33,17 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     progress: TextIO | None = sys.stderr,
     weights: CpuWeights | None = None,
+    cache_dir: Path | None = None,
 ) -> LlamaForCausalLM:
     """A checkpoint directory (config.json + safetensors), or a GGUF file or a directory
-    holding one (see `gguf_loader`). `weights`: see `cpu_weights`."""
+    holding one (see `gguf_loader`). `weights`: see `cpu_weights`; `cache_dir`: where a
+    GGUF's converted tensors are kept for the next start (`weight_cache`)."""
     directory = Path(directory)
     if gguf_path(directory) is not None:
         from local_backend.model.gguf_loader import load_gguf_model  # numpy/gguf only here
 
         return load_gguf_model(directory, device=device, dtype=dtype, progress=progress,
-                               weights=weights)
+                               weights=weights, cache_dir=cache_dir)
     if not directory.is_dir():
         raise ModelLoadError(f"{directory}: model directory does not exist")
     config = LlamaConfig.from_file(directory / "config.json")

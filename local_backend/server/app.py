@@ -36,6 +36,7 @@ from local_backend.server.timing import (
     request_metrics,
     server_timing,
 )
+from local_backend.server.warmup import MeasuredRates, warm_up
 
 # Prompts longer than this are tokenised off the event loop.
 INLINE_TOKENIZE_CHARS = 4096
@@ -92,6 +93,7 @@ class Backend:
     metrics: BackendMetrics
     spans: SpanRecorder
     defaults: GenerationConfig
+    rates: MeasuredRates | None = None  # once warmed up
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -103,7 +105,10 @@ def create_app(
     model_name: str,
     tracer: trace.Tracer | None = None,
     defaults: GenerationConfig | None = None,
+    warm: bool = False,
 ) -> web.Application:
+    """`warm`: warm the engine up (`warmup`) before the server listens, so that `/health`
+    answers only once requests run at full speed, and report its measured rates."""
     tok = engine.tokenizer
     backend = Backend(
         engine=engine,
@@ -118,6 +123,8 @@ def create_app(
 
     async def engine_thread(app: web.Application) -> Any:
         engine.start()
+        if warm:  # the runner listens only after this (cleanup_ctx runs in its setup)
+            backend.rates = await warm_up(engine)
         yield
         await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
@@ -131,7 +138,8 @@ def create_app(
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    rates = request.app[BACKEND].rates
+    return web.json_response({"status": "ok", **(rates.report() if rates else {})})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -145,7 +153,7 @@ async def models(request: web.Request) -> web.Response:
     card = {"id": b.model_name, "object": "model", "created": 0, "owned_by": "routegate",
             "max_model_len": b.engine.max_model_len,
             "max_output_tokens": b.engine.max_model_len - 1,
-            "capabilities": CAPABILITIES}
+            "capabilities": CAPABILITIES, **(b.rates.report() if b.rates else {})}
     return web.json_response({"object": "list", "data": [card]})
 
 

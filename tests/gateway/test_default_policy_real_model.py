@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,10 +16,12 @@ import aiohttp
 import openai
 import pytest
 
+from policies.load import load
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
 
 @pytest.fixture
@@ -32,7 +35,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[str]:
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as session, asyncio.timeout(120):
+        async with aiohttp.ClientSession() as session, asyncio.timeout(300):
             while True:  # /readyz turns 200 once the launched local backend answers
                 assert process.returncode is None, "routegate serve exited during start-up"
                 try:
@@ -75,3 +78,23 @@ async def test_the_default_policy_answers_a_factual_question_json_and_streamed(
     assert reply.usage is not None and reply.usage.prompt_tokens > 10
     assert len([p for p in pieces if p]) > 3  # token by token, not one block
     assert "Paris" in "".join(pieces)
+
+
+async def test_the_readmes_first_request_is_answered_within_budget_the_moment_readyz_says_ready(
+    gateway: str,
+) -> None:
+    """Ready means a request works: the launched backend has warmed up before /readyz
+    said so (the fixture returns at its first 200), so the README's first curl, as
+    written (no temperature, no max_tokens), is answered right within the route's budget."""
+    budget = load(DEFAULT_POLICY).routes["chat"].latency_budget
+    assert budget.ttft_ms is not None
+    body = {"model": "chat", "messages": QUESTION}
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway + "/v1/chat/completions", json=body) as response:
+        reply = await response.json()
+    elapsed_ms = (time.monotonic() - started) * 1000
+    assert response.status == 200, reply
+    assert "Paris" in reply["choices"][0]["message"]["content"]
+    # a non-streamed answer is due within the first-token budget (policies/default.yaml)
+    assert elapsed_ms < budget.ttft_ms

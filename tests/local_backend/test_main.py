@@ -43,7 +43,8 @@ async def wait_healthy(base: str, proc: asyncio.subprocess.Process) -> None:
             assert proc.returncode is None, "local_backend exited"
             try:
                 async with http.get(base + "/health") as resp:
-                    assert await resp.json() == {"status": "ok"}
+                    health = await resp.json()  # only once warmed up, with its rates
+                    assert health["status"] == "ok" and health["decode_tokens_per_s"] > 0
                     return
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.1)

@@ -32,8 +32,8 @@ from tests.local_backend.model.test_loader import IDS, model_logits
 BF16_EPS = 2.0**-8  # bf16's unit roundoff (8-bit significand, round to nearest)
 needs_kernels = pytest.mark.skipif(
     not (torch_compat.has_int4_mm() and torch_compat.has_int8_mm()
-         and torch_compat.has_mkldnn_linear()),
-    reason="this torch lacks the CPU weight-only kernels (local_backend/torch_compat.py)")
+         and torch_compat.has_mkldnn_linear() and torch_compat.has_bf16_linear()),
+    reason="this torch or CPU lacks the CPU weight-only kernels (local_backend/torch_compat.py)")
 
 
 def grid_weight(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
