@@ -40,6 +40,7 @@ from routing.compliance import (
     ScopedRule,
     partition_by_rules,
     pii_exclusion,
+    sole_targets,
 )
 from routing.features import RequestFeatures, route_for
 from routing.predict import TargetModel, estimate
@@ -186,6 +187,13 @@ class Router:
                 features.tenant_tags)
         return static
 
+    def sole_targets(self) -> dict[str, list[str]]:
+        """Targets that are all a tenant's compliance rules leave it on a route, with
+        who ("tenant on route"): ejection keeps them serving (degraded) for that tenant."""
+        return sole_targets({route: self._plans[route].models for route in self.policy.routes},
+                            self._rules, {name: frozenset(tenant.tags) for name, tenant
+                                          in self.policy.file.tenants.items()})
+
     def decide(self, features: RequestFeatures, stats: StatsSnapshot, now: float,
                decision_id: str | None = None,
                draws: tuple[float, float] = (0.0, 0.0)) -> RouteDecision:
@@ -307,9 +315,14 @@ def decide(features: RequestFeatures, policy: Policy, stats: StatsSnapshot, now:
 def _without_ejected(allowed: tuple[TargetModel, ...], ejected: Mapping[str, float],
                      now: float, cap: int, excluded: list[Excluded]) -> tuple[TargetModel, ...]:
     """`allowed` less its ejected targets, at most `cap` of them (those out the longest
-    first); the rest serve as if in service, so a bad minute never empties a route."""
+    first); the rest serve as if in service (degraded), so a bad minute never empties a
+    route, nor what a tenant's compliance rules leave it: its last target stays (only
+    failing health checks take that out, as `backend_unhealthy`)."""
     out = [model for model in allowed if ejected.get(model.key, now) > now]
     if not out:
+        return allowed
+    cap = min(cap, len(allowed) - 1)
+    if cap <= 0:
         return allowed
     out.sort(key=lambda model: ejected[model.key], reverse=True)
     gone = {model.key for model in out[:cap]}
