@@ -39,9 +39,11 @@ class LatencyBudget(FileModel):
 
 class Route(FileModel):
     targets: list[Target] = Field(min_length=1)
-    """`backend/model` names that may serve this route, in preference order."""
-    objective: Literal["cheapest", "fastest"] = "cheapest"
-    """How candidates are ordered: `cheapest` (amortised cost) or `fastest` (predicted time)."""
+    """`backend/model` names that may serve this route: the order `ordered` keeps, and that
+    breaks ties under `cheapest` and `fastest`."""
+    objective: Literal["cheapest", "fastest", "ordered"] = "cheapest"
+    """How candidates are ordered: `cheapest` (amortised cost), `fastest` (predicted time) or
+    `ordered` (as `targets` lists them: the first that passes the rules and budgets leads)."""
     latency_budget: LatencyBudget = LatencyBudget()
     """The time the route promises; candidates predicted to miss it are left out."""
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
@@ -66,6 +68,10 @@ class Route(FileModel):
         unknown = sorted(set(self.weights) - set(self.targets))
         if unknown:
             raise ValueError(f"`weights` names {', '.join(unknown)}, not among `targets`")
+        if self.spread is not None and self.objective == "ordered":
+            raise ValueError("`spread` shares the load among targets as cheap or as fast as "
+                             "the best; `objective: ordered` has no such equals (use "
+                             "`cheapest` or `fastest` with `spread`)")
         return self
 
 

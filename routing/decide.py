@@ -2,7 +2,8 @@
 
     route targets → hard filters (compliance rules, PII, context window, health,
     tenant budget), each exclusion with a named reason → latency prediction →
-    keep those within the latency budget → order by the route's objective →
+    keep those within the latency budget → order by the route's objective (cheapest,
+    fastest, or the route's own order) →
     the first is primary, the rest are fallbacks.
 
 `Router` is built once per policy (rebuilt on reload) and caches what depends only on
@@ -334,6 +335,8 @@ def _without_ejected(allowed: tuple[TargetModel, ...], ejected: Mapping[str, flo
 
 
 def _ordered(candidates: list[Candidate], objective: str) -> list[Candidate]:
+    if objective == "ordered":  # already in the route's declared order
+        return candidates
     # Ties go to the next criterion, then to the route's declared target order
     # (list.sort is stable), so a decision is a function of its inputs.
     # Two stable sorts on single fields: cheaper than one sort on a tuple key.

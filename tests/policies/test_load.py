@@ -237,3 +237,13 @@ def test_an_enabled_backend_with_an_empty_api_key_is_a_warning_at_the_key() -> N
     assert warning.hint is not None and "${VAR:+true}" in warning.hint
     assert loads(text, environ={"OPENAI_API_KEY": "sk-1"}).warnings == ()
     assert loads(BASE, environ={}).warnings == ()  # switched off with the key unset
+
+
+def test_ordered_is_an_objective_and_refuses_a_spread() -> None:
+    ordered = BASE.replace("chat: {targets: [local/llama, openai/gpt-4o-mini]}",
+                           "chat: {targets: [local/llama, openai/gpt-4o-mini], "
+                           "objective: ordered}")
+    assert loads(ordered, environ={}).file.routes["chat"].objective == "ordered"
+    with pytest.raises(PolicyError, match="ordered` has no such equals"):
+        loads(ordered.replace("objective: ordered", "objective: ordered, spread: {}"),
+              environ={})
