@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from policies.backend_schema import Backend as Backend
 from policies.backend_schema import Capabilities as Capabilities
@@ -119,11 +126,15 @@ class PiiPolicy(FileModel):
     (placeholders sent upstream) or `block` (403)."""
 
 
+# A tenant tag, compared without regard to case (`EU` and `eu` are one tag): kept folded.
+Tag = Annotated[str, AfterValidator(str.casefold)]
+
+
 class RuleWhen(FileModel):
     """When a rule applies: every non-empty condition must hold."""
 
-    tenant_tags: list[str] = []
-    """The rule applies to tenants having any of these tags."""
+    tenant_tags: list[Tag] = []
+    """The rule applies to tenants having any of these tags (case does not matter)."""
     tenants: list[str] = []
     """The rule applies to these tenants."""
     # Scoped to routes, a rule also holds for each of their targets asked for directly
@@ -207,8 +218,8 @@ class Tenant(FileModel):
     `defaults.allow_targets`."""
     key_access: dict[KeyHash, KeyAccess] = {}
     """Access of single keys (by hash, one of `api_keys`), overriding the tenant's."""
-    tags: list[str] = []
-    """Labels compliance rules match (`eu`, `premium`)."""
+    tags: list[Tag] = []
+    """Labels compliance rules match (`eu`, `premium`; case does not matter)."""
     priority: Priority = "normal"
     """Queue band: `high` is served first, `low` is shed first."""
     limits: Limits | None = None
