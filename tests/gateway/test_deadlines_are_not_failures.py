@@ -5,6 +5,7 @@ tenant's only compliant target."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from typing import Any
 
@@ -119,3 +120,20 @@ async def test_requests_no_backend_answered_leave_the_rate_limits_untouched(
     # RPM: this one only; TPM: this one's usage only
     assert headers["x-ratelimit-remaining-requests"] == "2"
     assert int(headers["x-ratelimit-remaining-tokens"]) > 1000 - 2 * 50
+
+
+async def test_clients_that_go_away_do_not_eject_the_backend(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    local = await start_upstream(Behaviour(first_byte_delay_s=1.0), name="local")
+    paid = await start_upstream(name="paid")
+    gateway = await start_gateway(policy(local.url, paid.url, ttft_ms=5000))
+
+    for _ in range(3):  # more than `consecutive_failures`, each given up after 100 ms
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await post(gateway, EU_KEY)
+    await asyncio.sleep(0.1)  # the gateway sees each disconnect and cancels upstream
+
+    state = await target(gateway)
+    assert state["state"] == "in_service" and state["consecutive_failures"] == 0
+    assert len(local.received) == 3
