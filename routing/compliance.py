@@ -104,6 +104,21 @@ def partition_by_rules(models: Sequence[TargetModel], rules: Sequence[ScopedRule
     return tuple(allowed), tuple(excluded)
 
 
+def sole_targets(routes: Mapping[str, Sequence[TargetModel]], rules: Sequence[ScopedRule],
+                 tenants: Mapping[str, frozenset[str]]) -> dict[str, list[str]]:
+    """Per target, the "tenant on route" pairs for which it is the only one the rules
+    allow on a route of several targets."""
+    out: dict[str, list[str]] = {}
+    for route, models in routes.items():
+        if len(models) < 2:
+            continue
+        for tenant, tags in tenants.items():
+            allowed, _ = partition_by_rules(models, rules, route, tenant, tags)
+            if len(allowed) == 1:
+                out.setdefault(allowed[0].key, []).append(f"{tenant} on {route}")
+    return out
+
+
 def pii_exclusion(pii_policy: PiiPolicy, found: frozenset[str],
                   model: TargetModel) -> Excluded | None:
     if found and pii_policy.action == "local_only" and not model.dedicated:

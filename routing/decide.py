@@ -2,7 +2,8 @@
 
     route targets → hard filters (compliance rules, PII, context window, health,
     tenant budget), each exclusion with a named reason → latency prediction →
-    keep those within the latency budget → order by the route's objective →
+    keep those within the latency budget → order by the route's objective (cheapest,
+    fastest, or the route's own order) →
     the first is primary, the rest are fallbacks.
 
 `Router` is built once per policy (rebuilt on reload) and caches what depends only on
@@ -19,18 +20,8 @@ from typing import Any, NamedTuple
 
 from policies.capabilities import ModelCapabilities, resolve
 from policies.load import ModelTarget, Policy
-from routing.capabilities import (
-    PARAM,
-    REASON,
-    REASON_CHOICES,
-    REASON_MAX_OUTPUT,
-    REASON_PREFIX,
-    Learned,
-    lowest,
-    names_of,
-)
+from routing.capabilities import Learned
 from routing.compliance import (
-    POLICY_REASONS,
     REASON_CONTEXT_WINDOW,
     REASON_EJECTED,
     REASON_LATENCY_BUDGET,
@@ -40,9 +31,12 @@ from routing.compliance import (
     ScopedRule,
     partition_by_rules,
     pii_exclusion,
+    sole_targets,
 )
 from routing.features import RequestFeatures, route_for
 from routing.predict import TargetModel, estimate
+from routing.rejections import Rejection as Rejection
+from routing.rejections import incapable, nothing_fits
 from routing.spread import Spread, spread_over
 from routing.stats import StatsSnapshot
 
@@ -58,16 +52,6 @@ class Candidate(NamedTuple):
     within_budget: bool
     queue_ms: float  # predicted wait for a slot, part of ttft_ms
     explained_ttft_ms: float  # hand back to LiveStats.record_success
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    # 400 no target can do what it asks, 403 the policy forbids it, 429 budget spent,
-    # 503 nothing can serve it now
-    status: int
-    code: str
-    message: str  # names categories and reasons, never request content
-    param: str | None = None  # the request field at fault (a 400)
 
 
 # Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
@@ -186,6 +170,13 @@ class Router:
                 features.tenant_tags)
         return static
 
+    def sole_targets(self) -> dict[str, list[str]]:
+        """Targets that are all a tenant's compliance rules leave it on a route, with
+        who ("tenant on route"): ejection keeps them serving (degraded) for that tenant."""
+        return sole_targets({route: self._plans[route].models for route in self.policy.routes},
+                            self._rules, {name: frozenset(tenant.tags) for name, tenant
+                                          in self.policy.file.tenants.items()})
+
     def decide(self, features: RequestFeatures, stats: StatsSnapshot, now: float,
                decision_id: str | None = None,
                draws: tuple[float, float] = (0.0, 0.0)) -> RouteDecision:
@@ -231,7 +222,7 @@ class Router:
                     continue
             if needs & model.lacks or choices > model.max_choices or \
                     asked_output > model.max_output_limit:
-                excluded.append(_incapable(model, features))
+                excluded.append(incapable(model, features))
                 continue
             if tokens > model.context_limit:
                 excluded.append(Excluded(
@@ -282,7 +273,7 @@ class Router:
         else:
             excluded.extend(_over_budget(missing, features))
             return self._reject(decision_id, features, plan.objective, excluded,
-                                _nothing_fits(excluded, bool(missing), features), redact)
+                                nothing_fits(excluded, bool(missing), features), redact)
         spread = None
         if plan.spread_within is not None and len(candidates) > 1:
             spread = spread_over(candidates, objective, plan.spread_within, plan.weights,
@@ -307,9 +298,14 @@ def decide(features: RequestFeatures, policy: Policy, stats: StatsSnapshot, now:
 def _without_ejected(allowed: tuple[TargetModel, ...], ejected: Mapping[str, float],
                      now: float, cap: int, excluded: list[Excluded]) -> tuple[TargetModel, ...]:
     """`allowed` less its ejected targets, at most `cap` of them (those out the longest
-    first); the rest serve as if in service, so a bad minute never empties a route."""
+    first); the rest serve as if in service (degraded), so a bad minute never empties a
+    route, nor what a tenant's compliance rules leave it: its last target stays (only
+    failing health checks take that out, as `backend_unhealthy`)."""
     out = [model for model in allowed if ejected.get(model.key, now) > now]
     if not out:
+        return allowed
+    cap = min(cap, len(allowed) - 1)
+    if cap <= 0:
         return allowed
     out.sort(key=lambda model: ejected[model.key], reverse=True)
     gone = {model.key for model in out[:cap]}
@@ -321,6 +317,8 @@ def _without_ejected(allowed: tuple[TargetModel, ...], ejected: Mapping[str, flo
 
 
 def _ordered(candidates: list[Candidate], objective: str) -> list[Candidate]:
+    if objective == "ordered":  # already in the route's declared order
+        return candidates
     # Ties go to the next criterion, then to the route's declared target order
     # (list.sort is stable), so a decision is a function of its inputs.
     # Two stable sorts on single fields: cheaper than one sort on a tuple key.
@@ -340,61 +338,3 @@ def _over_budget(missing: list[Candidate], features: RequestFeatures) -> list[Ex
                       f"budget {features.total_budget_ms or 0:.0f} ms")
         out.append(Excluded(c.key, REASON_LATENCY_BUDGET, detail))
     return out
-
-
-def _incapable(model: TargetModel, features: RequestFeatures) -> Excluded:
-    missing = features.needs & model.lacks
-    if missing:
-        return Excluded(model.key, REASON[lowest(missing)],
-                        f"the model does not support {', '.join(names_of(missing))}")
-    if features.choices > model.max_choices:
-        return Excluded(model.key, REASON_CHOICES,
-                        f"n={features.choices}; the model gives at most "
-                        f"{model.max_choices:.0f} choices")
-    return Excluded(model.key, REASON_MAX_OUTPUT,
-                    f"max_tokens {features.output_tokens} exceeds the model's "
-                    f"{model.max_output_limit:.0f}")
-
-
-def _is_request_reason(reason: str) -> bool:
-    """An exclusion caused by what the request asks for (no target can do it)."""
-    return reason == REASON_CONTEXT_WINDOW or reason.startswith(REASON_PREFIX)
-
-
-def _cannot_do(excluded: Sequence[Excluded], features: RequestFeatures,
-               considered: str) -> Rejection:
-    """The 400 for a request that no target it may use can serve as written."""
-    request = [e for e in excluded if _is_request_reason(e.reason)]
-    if all(e.reason == REASON_CONTEXT_WINDOW for e in request):
-        tokens = features.input_tokens + features.output_tokens
-        return Rejection(400, "context_length_exceeded", (
-            f"This request needs about {tokens} tokens ({features.input_tokens} in the "
-            f"{features.input_param}, {features.output_tokens} for the completion), more "
-            f"than the context window of every model that may serve "
-            f"{features.route!r}. Shorten the {features.input_param} or lower max_tokens. "
-            f"Considered: {considered}."), features.input_param)
-    first = request[0].reason
-    capability = first.removeprefix(REASON_PREFIX)
-    bit = next((bit for bit, reason in REASON.items() if reason == first), 0)
-    param = PARAM.get(bit) or ("n" if first == REASON_CHOICES else "max_tokens")
-    return Rejection(400, "unsupported_parameter", (
-        f"No model that may serve {features.route!r} supports {capability}, which this "
-        f"request needs. Considered: {considered}."), param)
-
-
-def _nothing_fits(excluded: Sequence[Excluded], budget_only: bool,
-                  features: RequestFeatures) -> Rejection:
-    reasons = "; ".join(f"{e.key}: {e.reason} ({e.detail})" for e in excluded)
-    if excluded and not budget_only and \
-            any(_is_request_reason(e.reason) for e in excluded) and \
-            all(_is_request_reason(e.reason) or e.reason in POLICY_REASONS for e in excluded):
-        return _cannot_do(excluded, features, reasons)
-    if excluded and all(e.reason == REASON_TENANT_BUDGET for e in excluded):
-        return Rejection(429, "budget_exceeded", f"the tenant's budget is spent: {reasons}")
-    if budget_only:
-        return Rejection(503, "latency_budget_unmeetable",
-                         f"no backend can meet the latency budget: {reasons}")
-    if excluded and all(e.reason in POLICY_REASONS for e in excluded):
-        return Rejection(403, "policy_forbids", f"the policy allows no backend: {reasons}")
-    return Rejection(503, "no_backend_available", f"no backend can serve the request: "
-                     f"{reasons or 'the route has no enabled targets'}")

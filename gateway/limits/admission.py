@@ -5,8 +5,10 @@ Admission reserves `estimated input tokens + expected output` (`max_completion_t
 with what the backend reported in `usage`; a stream cut short (client gone, backend
 dropped) that never reported usage is charged its estimated input plus the content
 chunks actually relayed (one token each, as OpenAI-compatible servers stream them);
-a JSON reply without `usage` is charged what was reserved for it; a request that
-never reached a backend is refunded.
+a JSON reply without `usage` is charged what was reserved for it. A request routed to
+backends none of which answered (connect errors, timeouts, 5xx, 429s, or the request's
+own deadline running out first) is refunded in full, its tokens and the request itself
+(RPM); one refused before any backend was chosen (a policy 403, a 400) counts.
 
 Admission leaves on the context `ticket` (reservation, response headers),
 `estimated_input_tokens` and `budget_left_micros` (routing passes it as
@@ -76,6 +78,13 @@ def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     return ctx.estimated_input_tokens, produced
 
 
+def unanswered(ctx: RequestContext) -> bool:
+    """Routed to backends, and none answered: nothing reached the client from one."""
+    if not ctx.candidates or ctx.bytes_sent or ctx.record.cache == "hit":
+        return False
+    return all(attempt.error is not None for attempt in ctx.attempts)
+
+
 class LimitsAdmission:
     def __init__(self, limiter: Limiter, tokens: TokenCounter | None = None) -> None:
         self.limiter = limiter
@@ -112,4 +121,5 @@ class LimitsAdmission:
             # what was charged is the request's usage everywhere else too
             record.input_tokens, record.output_tokens = input_tokens, output_tokens
         await self.limiter.settle(ticket, actual_tokens=input_tokens + output_tokens,
-                                  charge=Charge(input_tokens, output_tokens, cost))
+                                  charge=Charge(input_tokens, output_tokens, cost,
+                                                refund_request=unanswered(ctx)))

@@ -9,7 +9,10 @@ scopes (tenant, key, route) the headers describe the tightest one: the scope
 with the fewest remaining. "remaining" is how many more requests (tokens) would
 be admitted now, and "reset" when capacity next returns: the time until one more
 than remains would fit, if nothing more were admitted meanwhile (the window
-counter's weights falling; `window_counter.reset_s`).
+counter's weights falling; `window_counter.reset_s`), at most the 60 s window a
+per-minute limit promises. (What a window counted keeps weighing while the next one
+runs, so one request at the start of a fresh window frees its slot only 90 s later;
+a 429's `Retry-After` gives that exact wait.)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gateway.limits.store import Rejection, ScopeState
+from gateway.limits.store import WINDOW_S, Rejection, ScopeState
 from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 
@@ -72,11 +75,13 @@ def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
     if requests is not None:
         headers["x-ratelimit-limit-requests"] = str(requests[0])
         headers["x-ratelimit-remaining-requests"] = str(requests[1])
-        headers["x-ratelimit-reset-requests"] = go_duration(requests_reset_s(requests[2]))
+        headers["x-ratelimit-reset-requests"] = go_duration(
+            min(requests_reset_s(requests[2]), WINDOW_S))
     if tokens is not None:
         headers["x-ratelimit-limit-tokens"] = str(tokens[0])
         headers["x-ratelimit-remaining-tokens"] = str(tokens[1])
-        headers["x-ratelimit-reset-tokens"] = go_duration(tokens_reset_s(tokens[2]))
+        headers["x-ratelimit-reset-tokens"] = go_duration(
+            min(tokens_reset_s(tokens[2]), WINDOW_S))
     return headers
 
 

@@ -89,14 +89,14 @@ class MemoryStore:
     async def settle(self, reservation: Reservation, actual_tokens: int, charge: Charge,
                      now: float) -> None:
         delta = actual_tokens - reservation.tokens
-        if delta:
+        if delta or charge.refund_request:
             now_ms = to_ms(now)
             for scope, counted_in in zip(reservation.scopes, counted_in_ms(reservation),
                                          strict=True):
                 window = self._windows.get((reservation.tenant, scope.key))
                 if window is not None:
                     window.roll(now_ms)
-                    window.reconcile(counted_in, delta)
+                    window.reconcile(counted_in, delta, charge.refund_request)
         for period in self._periods(reservation.tenant, now):
             period.requests += 1
             period.input_tokens += charge.input_tokens

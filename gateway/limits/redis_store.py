@@ -303,7 +303,7 @@ class RedisStore:
             to_ms(now), WINDOW_MS, SCOPE_TTL_MS, RECEIPTS_TTL_MS, RECEIPT_SLOTS,
             self._receipt(reservation).number, actual_tokens - reservation.tokens,
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
-            DAY_TTL_MS, MONTH_TTL_MS, *counted_in_ms(reservation)]
+            DAY_TTL_MS, MONTH_TTL_MS, int(charge.refund_request), *counted_in_ms(reservation)]
         await self._call(self._settle(keys=keys, args=args))
 
     async def release(self, reservation: Reservation, now: float) -> None:

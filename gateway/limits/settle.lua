@@ -7,11 +7,13 @@
 --       gateway's receipts for the tenant (as admit.lua).
 -- ARGV: now_ms, window_ms, scope_ttl_ms, receipts_ttl_ms, receipt_slots, receipt number,
 --       delta_tokens (actual - estimate), input_tokens, output_tokens, cost_micros,
---       day_ttl_ms, month_ttl_ms, then per scope: the start of the window that counted
+--       day_ttl_ms, month_ttl_ms, refund_request (1: no backend answered, the request
+--       leaves the windows too), then per scope: the start of the window that counted
 --       the reservation (or its admission time, ms).
 local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
 local scope_ttl, receipts_ttl, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local number, delta = tonumber(ARGV[6]), tonumber(ARGV[7])
+local refund_request = tonumber(ARGV[13]) == 1
 local n = #KEYS - 3
 
 local receipts = KEYS[n + 3]
@@ -24,10 +26,10 @@ end
 redis.call('BITFIELD', receipts, 'SET', 'u16', slot, tag + 32768)
 redis.call('PEXPIRE', receipts, receipts_ttl)
 
-if delta ~= 0 then
+if delta ~= 0 or refund_request then
   for i = 1, n do
     local w = load_window(KEYS[i], now, window)
-    if reconcile(w, tonumber(ARGV[12 + i]), delta, window) then
+    if reconcile(w, tonumber(ARGV[13 + i]), delta, window, refund_request) then
       save_window(KEYS[i], w, scope_ttl)
     end
   end

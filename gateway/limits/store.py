@@ -114,6 +114,8 @@ class Charge:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_micros: int = 0
+    # no backend answered it: the request leaves the windows too (as its tokens do)
+    refund_request: bool = False
 
 
 @dataclass(slots=True)

@@ -36,19 +36,26 @@ local function fits(previous, current, need, limit, e, window)
 end
 
 -- A settled reservation's actual - estimate tokens: extra usage is charged now, a
--- refund comes off the window that counted it (starting at or holding `at`) while
--- that window still weighs. Whether anything changed.
-local function reconcile(w, at, delta, window)
+-- refund (of tokens, and of the request itself with `refund_request`) comes off the
+-- window that counted it (starting at or holding `at`) while that window still
+-- weighs. Whether anything changed.
+local function reconcile(w, at, delta, window, refund_request)
+  local current = at >= w.s
+  local previous = not current and at >= w.s - window
+  local changed = false
   if delta > 0 then
-    w.t = w.t + delta
-  elseif delta < 0 and at >= w.s then
-    w.t = math.max(0, w.t + delta)
-  elseif delta < 0 and at >= w.s - window then
-    w.pt = math.max(0, w.pt + delta)
-  else
-    return false
+    w.t, changed = w.t + delta, true
+  elseif delta < 0 and current then
+    w.t, changed = math.max(0, w.t + delta), true
+  elseif delta < 0 and previous then
+    w.pt, changed = math.max(0, w.pt + delta), true
   end
-  return true
+  if refund_request and current then
+    w.r, changed = math.max(0, w.r - 1), true
+  elseif refund_request and previous then
+    w.pr, changed = math.max(0, w.pr - 1), true
+  end
+  return changed
 end
 
 local function receipt_slot(number, slots)

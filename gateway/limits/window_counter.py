@@ -32,7 +32,8 @@ What that guarantees, for a limit of L per minute:
 Token reservations are reconciled at settlement: an estimate larger than the actual
 usage is refunded from the window that counted it (while that window still weighs:
 the current or the previous one), and usage beyond the estimate is charged to the
-current window, when it becomes known.
+current window, when it becomes known. A request no backend answered is refunded
+in full: its tokens and the request itself.
 
 Everything is integer milliseconds, and `fits` compares `2 × previous × (W − e)` with
 `(2 × (limit − current − need) + 1) × W`, no division: the Lua scripts (doubles, exact
@@ -87,20 +88,30 @@ class Window:
         self.requests += 1
         self.tokens += tokens
 
-    def reconcile(self, counted_in_ms: int, delta: int) -> bool:
+    def reconcile(self, counted_in_ms: int, delta: int, refund_request: bool = False) -> bool:
         """A settled reservation's `actual − estimate` tokens, after `roll`:
-        extra usage is charged now; a refund comes off the window that counted the
-        reservation (it began at `counted_in_ms`, or holds it), if it still weighs.
-        Whether anything changed."""
+        extra usage is charged now; a refund (of tokens, and of the request itself with
+        `refund_request`) comes off the window that counted the reservation (it began
+        at `counted_in_ms`, or holds it), if it still weighs. Whether anything changed."""
+        current = counted_in_ms >= self.start_ms
+        previous = not current and counted_in_ms >= self.start_ms - WINDOW_MS
+        changed = False
         if delta > 0:
             self.tokens += delta
-        elif delta < 0 and counted_in_ms >= self.start_ms:
+            changed = True
+        elif delta < 0 and current:
             self.tokens = max(0, self.tokens + delta)
-        elif delta < 0 and counted_in_ms >= self.start_ms - WINDOW_MS:
+            changed = True
+        elif delta < 0 and previous:
             self.previous_tokens = max(0, self.previous_tokens + delta)
-        else:
-            return False
-        return True
+            changed = True
+        if refund_request and current:
+            self.requests = max(0, self.requests - 1)
+            changed = True
+        elif refund_request and previous:
+            self.previous_requests = max(0, self.previous_requests - 1)
+            changed = True
+        return changed
 
 
 def counted_in_ms(reservation: Reservation) -> tuple[int, ...]:

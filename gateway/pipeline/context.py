@@ -66,6 +66,9 @@ class Attempt:
     status: int | None = None  # the backend's HTTP status, when it answered
     cannot: Incapable | None = None  # it answered it cannot do what was asked
     retry_after_s: float | None = None  # the backend's `Retry-After` on a failure
+    # it timed out because the request's own deadline ran out, not the backend's
+    # timeout: the gateway's limit, so no mark against the target's health
+    deadline_cut: bool = False
 
 
 @dataclass(slots=True, eq=False)

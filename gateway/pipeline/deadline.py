@@ -33,6 +33,7 @@ from routing.features import (
 )
 
 DEADLINE_HEADER = "x-routegate-deadline-ms"  # ms left of the total budget, to the backend
+TIMER_SLACK_S = 0.001  # how early an event loop timer may fire
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,11 @@ class Deadline:
 
     def passed(self, now: float) -> bool:
         return now >= self.first_token_at
+
+    def cut_short(self, now: float) -> bool:
+        """Whether a timeout at `now` is this deadline's (the first token was due by
+        then) rather than the backend's own, shorter one. Timers may fire a hair early."""
+        return now >= self.first_token_at - TIMER_SLACK_S
 
     def left_ms(self, now: float) -> float:
         """Of the total budget (math.inf when only the TTFT is bounded)."""

@@ -39,6 +39,7 @@ from gateway.errors import (
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
+    UpstreamTimeout,
 )
 from gateway.hooks import Hooks
 from gateway.pipeline.attempt_facts import AttemptFacts
@@ -336,6 +337,8 @@ class Pipeline:
                 attempt.error, attempt.status = failure.error.message, failure.status
                 attempt.cannot = failure.cannot
                 attempt.retry_after_s = failure.retry_after_s
+                attempt.deadline_cut = deadline is not None and isinstance(
+                    failure.error, UpstreamTimeout) and deadline.cut_short(ctx.timing.clock())
                 facts.failed(failure.error.message, failure.status)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,

@@ -85,13 +85,18 @@ def _print_result(path: str, policy: Policy | None, errors: Sequence[PolicyIssue
     for issue in warnings:
         print(f"warning: {issue.render()}", file=out)
     if policy is None:
-        count = len(errors)
-        print(f"{path}: invalid ({count} error{'s' if count != 1 else ''})", file=out)
+        print(f"{path}: invalid ({counted(len(errors), 'error')})", file=out)
         return
-    summary = (f"{len(policy.targets)} targets, {len(policy.routes)} routes, "
-               f"{len(policy.file.tenants)} tenants")
-    tail = f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
+    summary = ", ".join((counted(len(policy.targets), "target"),
+                         counted(len(policy.routes), "route"),
+                         counted(len(policy.file.tenants), "tenant")))
+    tail = f", {counted(len(warnings), 'warning')}" if warnings else ""
     print(f"{path}: ok, version {policy.version_hash} ({summary}{tail})", file=out)
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 route`, `0 routes`, `2 routes`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def print_schema(out: TextIO | None = None) -> int:

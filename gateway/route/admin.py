@@ -6,9 +6,12 @@
                                                         "ejections_in_a_row": 2, ...}}}}}
 
 `health` is the backend's active health checks (`null` when it has none). A target's
-`state` is `in_service`, `ejected` (outlier ejection: failures in a row) or `probing`
-(its ejection is over and one request is finding out). Needs an admin key. The same
-states feed `/readyz` (`backends`, `ejected`) and the dashboard's data (`targets`).
+`state` is `in_service`, `ejected` (outlier ejection: failures in a row), `probing`
+(its ejection is over and one request is finding out) or `degraded` (ejected, but the
+only target a tenant's compliance rules allow on some route, so it keeps serving that
+tenant while it passes its health checks; `degraded_for` names "tenant on route").
+Needs an admin key. The same states feed `/readyz` (`backends`, `ejected`) and the
+dashboard's data (`targets`).
 """
 
 from __future__ import annotations
@@ -37,11 +40,16 @@ def target_states(app: web.Application, policy: Policy) -> dict[str, dict[str, A
         return {key: dict(_IN_SERVICE) for key in policy.targets}
     report = routing.ejections.report(monotonic())
     stats = routing.stats.snapshot()
+    sole = routing.sole_targets(policy) if report else {}
     states = {}
     for key in policy.targets:
         target = stats.target(key)
-        states[key] = {**report.get(key, _IN_SERVICE), "in_flight": target.in_flight,
-                       "error_rate": round(target.error_rate, 3)}
+        state = {**report.get(key, _IN_SERVICE), "in_flight": target.in_flight,
+                 "error_rate": round(target.error_rate, 3)}
+        if state["state"] != "in_service" and key in sole:
+            # out for everyone else, still serving the tenants it is all they may use
+            state["state"], state["degraded_for"] = "degraded", sole[key]
+        states[key] = state
     return states
 
 

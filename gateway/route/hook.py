@@ -9,7 +9,8 @@
                     as a metric;
                     connect errors, timeouts and 5xx in a row eject the target
                     (`routing.outliers`), and the first attempt after an ejection
-                    is its probe
+                    is its probe; an attempt the request's own deadline cut short
+                    counts neither way (the gateway's limit, not the target's fault)
     every response  `x-routegate-route` (the backend/model that answered or was tried
                     last) and `x-routegate-decision` (the decision id), through the
                     request's `response_headers`
@@ -98,6 +99,10 @@ class RoutingHook:
             self._compiled = compiled
         return compiled
 
+    def sole_targets(self, policy: Policy) -> dict[str, list[str]]:
+        """Targets that are some tenant's only compliant one on a route (`Router.sole_targets`)."""
+        return self._for(policy).router.sole_targets()
+
     def backend_reported(self, backend: str, capabilities: ModelCapabilities | None) -> None:
         """A launched backend's self-description (None: it gave none); the next
         decision uses it."""
@@ -168,6 +173,11 @@ class RoutingHook:
             return
         key = attempt.target.key
         now = monotonic()
+        if attempt.deadline_cut:
+            # the request's own budget ran out while the target worked on it: that says
+            # nothing of the target's health (a slow start must not eject the only
+            # target a tenant may use); its latency is learnt from the answers it gives
+            return
         # a connect error, a timeout or a 5xx says the target is broken; a 429 (or the
         # gateway's key refused) is an answer
         broken = attempt.error is not None and (attempt.status is None or attempt.status >= 500)

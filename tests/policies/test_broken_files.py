@@ -143,7 +143,7 @@ CASES = [
     Broken("objective misspelt", with_backends("""
         routes:
           chat: {targets: [local/llama], objective: cheap}
-        """), 19, 45, "routes.chat.objective", "'cheapest' or 'fastest'",
+        """), 19, 45, "routes.chat.objective", "'cheapest', 'fastest' or 'ordered'",
            "did you mean `cheapest`?"),
     Broken("on_budget_miss misspelt", with_backends("""
         routes:
@@ -307,3 +307,13 @@ def test_an_unset_variable_in_a_number_field_is_one_error() -> None:
         loads(text, source="policy.yaml", environ={})
     [issue] = raised.value.issues
     assert issue.message == "environment variable NOPE is not set"
+
+
+def test_a_plain_key_in_the_policy_is_answered_with_commands_that_keep_it_out_of_history(
+        ) -> None:
+    text = BACKENDS + "tenants:\n  acme: {api_keys: [rg-plain-key]}\n"
+    with pytest.raises(PolicyError) as raised:
+        loads(text, source="policy.yaml", environ={})
+    message = raised.value.issues[0].message
+    assert "`routegate keys new`" in message and "`routegate keys hash`" in message
+    assert "keys hash KEY" not in message

@@ -132,19 +132,45 @@ def test_version_hash_follows_the_text() -> None:
     assert first.version_hash != loads(BASE + "\n# changed\n", environ={}).version_hash
 
 
-def test_tag_no_rule_can_match_is_a_warning_with_a_hint() -> None:
+def test_a_rule_tag_no_tenant_has_is_an_error_with_a_hint() -> None:
     text = BASE + """\
 tenants:
-  acme: {tags: [europe]}
+  acme: {tags: [eu-west]}
+compliance:
+  rules:
+    - {name: eu, when: {tenant_tags: [eu-wst]}, require: {regions: [eu-*]}}
+"""
+    with pytest.raises(PolicyError) as caught:
+        loads(text, environ={})
+    [error] = caught.value.issues
+    assert (error.line, error.field_path, error.message) == (
+        25, "compliance.rules[0].when.tenant_tags[0]",
+        "no tenant has the tag `eu-wst`, so this rule never matches")
+    assert error.hint == "did you mean `eu-west`?"
+
+
+def test_a_tenant_tag_no_rule_matches_is_a_warning_with_a_hint() -> None:
+    text = BASE + """\
+tenants:
+  acme: {tags: [europe, eu]}
 compliance:
   rules:
     - {name: eu, when: {tenant_tags: [eu]}, require: {regions: [eu-*]}}
 """
-    warnings = loads(text, environ={}).warnings
-    rendered = [(w.line, w.field_path, w.message) for w in warnings]
-    assert (25, "compliance.rules[0].when.tenant_tags[0]",
-            "no tenant has the tag `eu`, so this never matches") in rendered
-    assert (22, "tenants.acme.tags[0]", "no compliance rule matches the tag `europe`") in rendered
+    rendered = [(w.line, w.field_path, w.message) for w in loads(text, environ={}).warnings]
+    assert rendered == [(22, "tenants.acme.tags[0]", "no compliance rule matches the tag `europe`")]
+
+
+def test_tags_are_compared_without_regard_to_case() -> None:
+    text = BASE + """\
+tenants:
+  acme: {tags: [EU]}
+compliance:
+  rules:
+    - {name: eu, when: {tenant_tags: [eu]}, require: {regions: [eu-*]}}
+"""
+    policy = loads(text, environ={})
+    assert not policy.warnings and policy.file.tenants["acme"].tags == ["eu"]
 
 
 def test_region_pattern_matching_no_backend_is_a_warning() -> None:
@@ -237,3 +263,13 @@ def test_an_enabled_backend_with_an_empty_api_key_is_a_warning_at_the_key() -> N
     assert warning.hint is not None and "${VAR:+true}" in warning.hint
     assert loads(text, environ={"OPENAI_API_KEY": "sk-1"}).warnings == ()
     assert loads(BASE, environ={}).warnings == ()  # switched off with the key unset
+
+
+def test_ordered_is_an_objective_and_refuses_a_spread() -> None:
+    ordered = BASE.replace("chat: {targets: [local/llama, openai/gpt-4o-mini]}",
+                           "chat: {targets: [local/llama, openai/gpt-4o-mini], "
+                           "objective: ordered}")
+    assert loads(ordered, environ={}).file.routes["chat"].objective == "ordered"
+    with pytest.raises(PolicyError, match="ordered` has no such equals"):
+        loads(ordered.replace("objective: ordered", "objective: ordered, spread: {}"),
+              environ={})

@@ -68,7 +68,7 @@ def policy_files(draw: st.DrawFn) -> PolicyFile:
         name: {
             "targets": draw(st.lists(st.sampled_from(targets), min_size=1, max_size=3,
                                      unique=True)),
-            "objective": draw(st.sampled_from(["cheapest", "fastest"])),
+            "objective": draw(st.sampled_from(["cheapest", "fastest", "ordered"])),
             "latency_budget": {"ttft_ms": draw(RATES)},
             "on_budget_miss": draw(st.sampled_from(["fastest", "reject"])),
         }
@@ -85,10 +85,12 @@ def policy_files(draw: st.DrawFn) -> PolicyFile:
         }
         for name in draw(st.lists(NAMES, max_size=3, unique=True))
     }
+    # a rule's tag must be some tenant's (a rule that binds nobody is an error)
+    held = sorted({tag for tenant in tenants.values() for tag in tenant["tags"]})
     rules = [
-        {"name": f"rule-{index}", "when": {"tenant_tags": [draw(TAGS)]},
+        {"name": f"rule-{index}", "when": {"tenant_tags": [draw(st.sampled_from(held))]},
          "require": {"regions": [draw(st.sampled_from(["eu-*", "us*", "*"]))]}}
-        for index in range(draw(st.integers(0, 2)))
+        for index in range(draw(st.integers(0, 2)) if held else 0)
     ]
     data = {
         "version": 1, "backends": all_backends, "routes": routes, "tenants": tenants,

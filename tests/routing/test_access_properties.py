@@ -60,8 +60,6 @@ def scenario(rng: random.Random) -> tuple[Policy, str, str | None, str]:
               *({"tenants": [tenant]} for tenant in TENANTS),
               *({"routes": [route]} for route in routes),
               *({"tenant_tags": [tag], "routes": [route]} for tag in TAGS for route in routes)]
-    rules = [{"name": f"rule{index}", "when": rng.choice(scopes),
-              "require": rng.choice(REQUIRES)} for index in range(rng.randint(0, 3))]
     tenants = {}
     for name in TENANTS:
         tenant: dict[str, Any] = {"api_keys": KEYS[name],
@@ -74,6 +72,11 @@ def scenario(rng: random.Random) -> tuple[Policy, str, str | None, str]:
             tenant["key_access"] = {KEYS[name][0]: {"allow": rng.choice(GLOB_CHOICES),
                                                    "allow_targets": rng.choice(GLOB_CHOICES)}}
         tenants[name] = tenant
+    # a rule's tag must be some tenant's (a rule that binds nobody is an error)
+    held = {tag for tenant in tenants.values() for tag in tenant["tags"]}
+    scopes = [scope for scope in scopes if set(scope.get("tenant_tags", ())) <= held]
+    rules = [{"name": f"rule{index}", "when": rng.choice(scopes),
+              "require": rng.choice(REQUIRES)} for index in range(rng.randint(0, 3))]
     data = {"version": 1, "backends": backends, "routes": routes,
             "compliance": {"rules": rules}, "tenants": tenants,
             "defaults": {"allow_targets": rng.choice([[], ["*"], ["b2/*"]])}}

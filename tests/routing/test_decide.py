@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.load import loads
 from routing.decide import RouteDecision, Router, decide
 from routing.features import RequestFeatures
 from routing.stats import LiveStats, StatsSnapshot
-from tests.routing.policies import policy
+from tests.routing.policies import BASE, policy
 
 POLICY = policy()
 ROUTER = Router(POLICY)
@@ -158,3 +162,37 @@ def test_to_dict_explains_candidates_and_exclusions() -> None:
 def test_decision_ids_are_unique_and_the_one_off_form_agrees_with_the_router() -> None:
     a, b = ROUTER.decide(REQUEST, EMPTY, 0.0), decide(REQUEST, POLICY, EMPTY, 0.0)
     assert a.decision_id != b.decision_id and a.candidates == b.candidates
+
+
+REVERSED = BASE.replace("targets: [local/llama, openai/gpt-4o-mini, anthropic/haiku]",
+                        "targets: [anthropic/haiku, openai/gpt-4o-mini, local/llama]")
+
+
+def ordered_router() -> Router:
+    return Router(loads(REVERSED.replace("{pii_action}", "local_only")
+                        .replace("{on_miss}", "reject").replace("{objective}", "ordered")))
+
+
+def test_ordered_leads_with_the_first_target_in_the_routes_order_that_fits() -> None:
+    router = ordered_router()
+    assert keys(router.decide(REQUEST, EMPTY, 0.0)) == [
+        "anthropic/haiku", "openai/gpt-4o-mini", "local/llama"]
+    # haiku's predicted 160 ms TTFT misses a 150 ms budget: the next in order leads
+    decision = router.decide(replace(REQUEST, ttft_budget_ms=150.0), EMPTY, 0.0)
+    assert keys(decision) == ["openai/gpt-4o-mini", "local/llama"]
+    assert decision.objective == "ordered"
+
+
+@settings(max_examples=60, deadline=None)
+@given(ttft_budget_ms=st.floats(1.0, 2000.0), budget_left=st.one_of(
+    st.none(), st.integers(0, 2000)))
+def test_ordered_candidates_keep_the_routes_order_whatever_fits(
+        ttft_budget_ms: float, budget_left: int | None) -> None:
+    declared = ["anthropic/haiku", "openai/gpt-4o-mini", "local/llama"]
+    decision = ORDERED.decide(replace(REQUEST, ttft_budget_ms=ttft_budget_ms,
+                                      tenant_budget_left_micro_usd=budget_left), EMPTY, 0.0)
+    chosen = keys(decision)
+    assert chosen == [key for key in declared if key in chosen]
+
+
+ORDERED = ordered_router()

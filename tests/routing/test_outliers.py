@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from routing.decide import Router, max_ejected
 from routing.outliers import Ejections
 from routing.stats import LiveStats
@@ -100,3 +102,13 @@ def test_a_route_never_ejects_all_of_its_targets() -> None:
     assert max_ejected(2, 10) == 1  # at least one, as Envoy
     assert max_ejected(10, 50) == 5
     assert max_ejected(10, 0) == 0
+
+
+def test_ejection_never_takes_a_tenants_last_compliant_target() -> None:
+    stats, _ = ejected_after_failures()
+    eu = dataclasses.replace(REQUEST, tenant="acme", tenant_tags=frozenset({"eu"}))
+    router = Router(policy())
+    decision = router.decide(eu, stats.snapshot(), 5.0)
+    assert keys(decision) == [KEY]  # out for everyone else, still acme's
+    assert KEY not in keys(router.decide(REQUEST, stats.snapshot(), 5.0))
+    assert router.sole_targets() == {KEY: ["acme on chat"]}

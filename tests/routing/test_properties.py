@@ -53,7 +53,7 @@ def policies(draw: st.DrawFn) -> Policy:
     routes = {
         f"r{i}": {
             "targets": draw(st.lists(st.sampled_from(keys), min_size=1, unique=True)),
-            "objective": draw(st.sampled_from(["cheapest", "fastest"])),
+            "objective": draw(st.sampled_from(["cheapest", "fastest", "ordered"])),
             "on_budget_miss": draw(st.sampled_from(["fastest", "reject"])),
             "latency_budget": {"ttft_ms": draw(st.one_of(st.none(), st.floats(10, 5000))),
                                "total_ms": draw(st.one_of(st.none(), st.floats(100, 60_000)))},
@@ -66,13 +66,17 @@ def policies(draw: st.DrawFn) -> Policy:
     if draw(st.booleans()):
         rules.append({"name": "bank-zdr", "when": {"tenant_tags": ["bank"]},
                       "require": {"data_retention": "zero"}})
+    tenants = {f"t{i}": {"tags": draw(st.lists(st.sampled_from(TAGS), unique=True))}
+               for i in range(3)}
+    # a rule's tag must be some tenant's (a rule that binds nobody is an error)
+    held = {tag for tenant in tenants.values() for tag in tenant["tags"]}
+    rules = [rule for rule in rules if set(rule["when"]["tenant_tags"]) <= held]
     data: dict[str, Any] = {
         "version": 1, "backends": backends, "routes": routes,
         "compliance": {"pii": {"detect": list(CATEGORIES),
                                "action": draw(st.sampled_from(["local_only", "redact", "block"]))},
                        "rules": rules},
-        "tenants": {f"t{i}": {"tags": draw(st.lists(st.sampled_from(TAGS), unique=True))}
-                    for i in range(3)},
+        "tenants": tenants,
     }
     return build(PolicyFile.model_validate(data))
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.limits.headers import go_duration, rate_limit_headers, retry_headers
 from gateway.limits.store import Scope, ScopeState
+from gateway.limits.window_counter import WINDOW_MS, used
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -46,3 +49,29 @@ def test_retry_after_is_whole_seconds_rounded_up() -> None:
     assert retry_headers(0.2) == {"Retry-After": "1", "retry-after-ms": "200"}
     assert retry_headers(30.5, should_retry=False)["Retry-After"] == "31"
     assert retry_headers(30.5, should_retry=False)["x-should-retry"] == "false"
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(1, 10_000), previous=st.integers(0, 20_000),
+       current=st.integers(0, 20_000), elapsed_ms=st.integers(0, WINDOW_MS - 1))
+def test_a_reset_is_never_longer_than_the_window(limit: int, previous: int, current: int,
+                                                 elapsed_ms: int) -> None:
+    counted = used(previous, current, elapsed_ms)
+    state = ScopeState(Scope("tenant", limit, limit), counted, counted, elapsed_ms,
+                       previous, current, previous, current)
+    headers = rate_limit_headers([state])
+    for name in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"):
+        assert seconds_of(headers[name]) <= WINDOW_MS / 1000
+
+
+def test_one_request_into_a_fresh_window_resets_within_the_minute() -> None:
+    state = ScopeState(Scope("tenant", 100, None), 1, 0, 0, 0, 1, 0, 0)
+    assert rate_limit_headers([state])["x-ratelimit-reset-requests"] == "1m0s"
+
+
+def seconds_of(go: str) -> float:
+    """A Go duration as written by `go_duration` (`1m0s`, `1.5s`, `120ms`)."""
+    if go.endswith("ms"):
+        return int(go[:-2]) / 1000
+    minutes, _, rest = go.rpartition("m")
+    return (int(minutes) * 60 if minutes else 0) + float(rest.rstrip("s"))

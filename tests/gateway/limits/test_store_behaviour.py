@@ -88,6 +88,22 @@ async def test_settling_refunds_the_unused_part_of_the_estimate(store):
     assert after.admitted and after.states[0].tokens == 910
 
 
+async def test_a_request_no_backend_answered_leaves_the_request_window(store):
+    scopes = (Scope("tenant", 2, 1000),)
+    for _ in range(2):
+        decision = await admit(store, scopes, T0, tokens=400)
+        await store.settle(decision.reservation, 0, Charge(refund_request=True), T0 + 1)
+    after = await admit(store, scopes, T0 + 2, tokens=400)
+    assert after.admitted and after.states[0].requests == 1 and after.states[0].tokens == 400
+
+
+async def test_a_refund_settled_in_the_next_window_comes_off_the_one_that_counted_it(store):
+    scopes = (Scope("tenant", 1, None),)
+    decision = await admit(store, scopes, T0)
+    await store.settle(decision.reservation, 1, Charge(refund_request=True), T0 + WINDOW_S + 1)
+    assert (await admit(store, scopes, T0 + WINDOW_S + 2)).admitted
+
+
 async def test_settling_charges_usage_beyond_the_estimate(store):
     decision = await admit(store, tpm(1000), T0, tokens=100)
     await store.settle(decision.reservation, 700, Charge(), T0 + 1)

@@ -60,6 +60,7 @@ def test_check_exits_zero_for_a_valid_file(good: Path, capsys: pytest.CaptureFix
     code, out = run(["policy", "check", str(good)], capsys)
     assert code == 0
     assert f"{good}: ok, version" in out
+    assert "(1 target, 1 route, 0 tenants)" in out
 
 
 def test_check_exits_one_and_prints_every_error_with_its_place(
