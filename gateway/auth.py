@@ -38,7 +38,8 @@ class Identity:
 
 
 def key_hash(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    # a header's bytes that are not UTF-8 came decoded with surrogateescape: hash the bytes
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def presented_key(request: web.Request) -> str | None:

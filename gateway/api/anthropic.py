@@ -28,7 +28,7 @@ from gateway.api.messages_to_chat import (
 from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
 from gateway.auth import TENANT_HEADER
-from gateway.errors import BadRequest, GatewayError, ModelNotFound
+from gateway.errors import BadRequest, GatewayError, ModelNotFound, log_error
 from gateway.pipeline.context import Endpoint, RequestContext
 from gateway.pipeline.request_body import read_limited
 from gateway.route.hook import ROUTING
@@ -73,8 +73,7 @@ def anthropic_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except GatewayError as exc:
-            log.log(logging.WARNING if exc.status >= 500 else logging.INFO,
-                    "%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
+            log_error(log, request, exc)
             headers = dict(exc.headers)
             request_id = headers.get("X-Request-Id")
             if request_id:

@@ -41,6 +41,7 @@ from gateway.errors import (
     NoBackendAvailable,
 )
 from gateway.hooks import Hooks
+from gateway.log_text import escaped
 from gateway.pipeline.attempt_facts import AttemptFacts
 from gateway.pipeline.context import Attempt, Endpoint, RequestContext
 from gateway.pipeline.deadline import DEADLINE_HEADER, Deadline, budgets_ms
@@ -333,7 +334,7 @@ class Pipeline:
                 facts.failed(failure.error.message, failure.status)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
-                         failure.error.message)
+                         escaped(failure.error.message))  # may quote the backend
                 result = failure
         except BaseException as exc:
             await held.__aexit__(type(exc), exc, exc.__traceback__)
