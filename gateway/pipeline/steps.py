@@ -3,7 +3,8 @@
     begin           request id, timing, the policy this request runs under
     authenticate    API key → tenant                              (gateway.auth)
     read_body       size limit (Content-Length first, then the actual bytes)
-    parse           orjson once; validate the fields we need; model must exist
+    parse           orjson once (nesting bounded: MAX_JSON_DEPTH); validate the fields
+                    we need; model must exist
                     (an endpoint's `dialect` — Anthropic Messages — becomes a chat body
                     here, and its stream is re-encoded as it is written back)
     admit           hooks.admission.admit       ← rate limits   (gateway/limits)
@@ -15,6 +16,8 @@
                     past a backend whose API cannot express the request (a 400 if none can)
     settle          hooks.admission.settle      (always, once admitted; ctx.usage)
     keep            hooks.cache.keep            (an answer the route's cache may keep)
+    answer          a dialect's whole answer re-encoded (Messages, Responses), so the
+                    status recorded is the one the client gets
     finish          hooks.observers; hooks.telemetry.finish(record): metrics, access log,
                     dashboard sample and spans, all from the request record
 
@@ -48,11 +51,12 @@ from gateway.pipeline.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.pipeline.outcome import deadline_exceeded, exhausted
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
-from gateway.pipeline.request_body import read_limited
+from gateway.pipeline.request_body import json_object, read_limited
 from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
 from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
+from gateway.server.whole_response import WholeResponse
 from gateway.upstream.openai import UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
@@ -106,6 +110,11 @@ class Pipeline:
                 ctx.status = response.status
             if ctx.cache_plan is not None:
                 await cache.keep(ctx, response)
+            dialect = ctx.endpoint.dialect
+            if dialect is not None and isinstance(response, WholeResponse) \
+                    and not response.prepared:
+                response = await dialect.whole_answer(response)
+                ctx.status = response.status
             return response
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status
@@ -117,6 +126,11 @@ class Pipeline:
             raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
+            raise
+        except Exception:
+            # unexpected: the middleware answers 500, unless the answer had begun
+            if not ctx.bytes_sent:
+                ctx.status = None
             raise
         finally:
             for observer in observers:
@@ -148,15 +162,7 @@ class Pipeline:
                                      server.body_read_timeout_s)
 
     async def parse(self, ctx: RequestContext) -> None:
-        if not ctx.raw.strip():
-            raise BadRequest("The request body is empty; send a JSON object.")
-        try:
-            body = orjson.loads(ctx.raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"We could not parse the JSON body of your request ({exc}).",
-                             code="invalid_json") from exc
-        if not isinstance(body, dict):
-            raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+        body = json_object(ctx.raw)
         dialect = ctx.endpoint.dialect
         if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
             body = await dialect.request(ctx, body)
