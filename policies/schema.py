@@ -262,8 +262,13 @@ class ServerSettings(FileModel):
     """Largest single event of a backend's stream; past it the stream ends with an error
     event naming this setting."""
     header_read_timeout_s: PositiveFloat = 10.0
-    """Seconds from a request's first byte until its headers are complete; a client slower
-    than that gets 408 and the connection closes."""
+    """Seconds until a request's headers are complete, from the moment the connection opens
+    (for its first request) or from the next request's first byte (on a kept-alive
+    connection); a client slower than that, or one that sends nothing, gets 408 and the
+    connection closes."""
+    keep_alive_timeout_s: PositiveFloat = 75.0
+    """Seconds a kept-alive connection may stay idle between two requests before the gateway
+    closes it."""
     body_read_timeout_s: PositiveFloat = 30.0
     """Longest pause while a request body arrives; past it, 408 and the connection closes."""
     max_connections_per_client: PositiveInt = 1024

@@ -10,13 +10,16 @@ Three things differ from aiohttp's own runner:
   line with one stray byte put its API key in the log. Here the client gets a JSON
   error naming the kind of fault (431 for a line too long, 400 otherwise) and the log
   one line with the exception's class, never its text.
-- **Slow and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`): a
-  request's head must be complete within `server.header_read_timeout_s` of its first
-  byte (else a 408 and the connection closes: headers trickled a byte at a time hold
-  nothing for long), and one client address holds at most
-  `server.max_connections_per_client` connections (more are answered 429 and closed
-  at once). An idle kept-alive connection is aiohttp's keep-alive timeout's business;
-  a stalled body is the body reader's (`request_body.py`, `server.body_read_timeout_s`).
+- **Slow, silent and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`):
+  a connection's first head must be complete within `server.header_read_timeout_s` of
+  the connection opening (nginx's `client_header_timeout`), a later one within as long
+  of its first byte, else a 408 and the connection closes: a connection that sends
+  nothing, blank lines, or headers a byte at a time holds nothing for long. A kept-alive
+  connection idle between requests closes after `server.keep_alive_timeout_s` (aiohttp's
+  keep-alive timer, set per connection from the live policy). One client address holds
+  at most `server.max_connections_per_client` connections (more are answered 429 and
+  closed at once). A stalled body is the body reader's (`request_body.py`,
+  `server.body_read_timeout_s`).
 
 Fixed paths:
 
@@ -115,10 +118,14 @@ def _raw_reply(error: GatewayError) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
+_BLANK = b"\r\n"  # the bytes of the blank lines a request may be preceded by
+
+
 class _RequestHandler(web.RequestHandler):
     __slots__ = ("_address", "_guard", "_head_timer", "_unread_body", "awaiting_head")
 
     def __init__(self, manager: web.Server, *, guard: ClientGuard, **kwargs: Any) -> None:
+        kwargs["keepalive_timeout"] = guard.settings().keep_alive_timeout_s
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._address: str | None = None  # counted against the cap while connected
@@ -136,6 +143,9 @@ class _RequestHandler(web.RequestHandler):
             return
         if self._guard.admit(address):
             self._address = address
+            # the first head's clock starts now: a client that connects and sends
+            # nothing (or blank lines) is timed out like one that trickles
+            self._start_head_timer()
             return
         # a flood of them is what the cap is for: not a log line each
         log.debug("connection from %s refused: over server.max_connections_per_client",
@@ -155,13 +165,18 @@ class _RequestHandler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._unread_body is not None and self._unread_body.is_eof():
             self._unread_body, self.awaiting_head = None, True
-        # no timer for a head that arrives whole (the usual request, in one read);
-        # b"" is aiohttp resuming its parser, not bytes from the client
+        # no timer for a head that arrives whole (the usual request, in one read): one
+        # that ends in this read and does not start with blank lines, which the parser
+        # skips (they could carry the end-of-head mark ahead of half a head); b"" is
+        # aiohttp resuming its parser, not bytes from the client
         if self.awaiting_head and self._head_timer is None and data \
-                and b"\r\n\r\n" not in data:
-            self._head_timer = asyncio.get_running_loop().call_later(
-                self._guard.settings().header_read_timeout_s, self._head_too_slow)
+                and (b"\r\n\r\n" not in data or data[0] in _BLANK):
+            self._start_head_timer()
         super().data_received(data)
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self._guard.settings().header_read_timeout_s, self._head_too_slow)
 
     def head_read(self) -> None:
         """A whole request head has arrived (its handler runs now)."""
