@@ -130,6 +130,14 @@ class TooManyConnections(GatewayError):
     type = "rate_limit_error"
 
 
+class HttpVersionNotSupported(GatewayError):
+    """505: a request line naming an HTTP version other than 1.0 or 1.1."""
+
+    status = 505
+    code = "http_version_not_supported"
+    type = "invalid_request_error"
+
+
 class RequestLineTooLong(GatewayError):
     """431: the request line or a header line is over the HTTP parser's limit."""
 

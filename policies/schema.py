@@ -253,8 +253,10 @@ class ServerSettings(FileModel):
     """Largest request body accepted; larger ones get 413."""
     drain: Drain = Drain()
     """What SIGTERM does before the process exits."""
-    metrics_auth: bool = False
-    """`GET /metrics` answers only to a key listed in `auth.admin_keys`."""
+    metrics_auth: bool | None = None
+    """`GET /metrics` answers only to a key listed in `auth.admin_keys`. Unset: on as soon as
+    `auth.admin_keys` lists a key (the series name tenants, routes and backends); `false`
+    opens it to anyone who can reach the port."""
     max_upstream_body_bytes: PositiveInt = 32 * 1024 * 1024
     """Largest non-streamed reply a backend may send; past it the attempt fails (the next
     candidate serves, or a 502 names this setting), never buffered whole."""

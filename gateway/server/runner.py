@@ -51,7 +51,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import orjson
-from aiohttp import StreamReader, hdrs, web
+from aiohttp import HttpVersion10, HttpVersion11, StreamReader, hdrs, web
 
 from gateway.app import LIVE_POLICY
 from gateway.compat.aiohttp import (
@@ -66,6 +66,7 @@ from gateway.compat.aiohttp import (
 from gateway.errors import (
     BadRequest,
     GatewayError,
+    HttpVersionNotSupported,
     InternalError,
     RequestLineTooLong,
     RequestTimeout,
@@ -210,7 +211,8 @@ class _RequestHandler(web.RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp could not parse (4xx) or a failure outside the app's error
         middleware (500). The connection closes after it, as aiohttp's own does."""
-        if request.writer.output_size > 0:  # the response has begun: nothing to add
+        if request.writer.output_size > 0 or isinstance(exc, AnsweredAndClosed):
+            # the response has begun, or was sent whole on the transport: nothing to add
             raise ConnectionError("the response has begun; the connection is dropped")
         error = _error_for(status, exc)
         if isinstance(error, InternalError):
@@ -237,6 +239,31 @@ def _error_for(status: int, exc: BaseException | None) -> GatewayError:
         return BadRequest("The request method is not valid HTTP.", code="invalid_http")
     return BadRequest(f"The request is not valid HTTP/1.1 ({type(exc).__name__}).",
                       code="invalid_http")
+
+
+class AnsweredAndClosed(Exception):
+    """The connection has been answered on its transport and closed."""
+
+
+_HTTP_1 = (HttpVersion11, HttpVersion10)
+
+
+def refuse_other_http_versions(request: web.BaseRequest) -> None:
+    """aiohttp's parser takes `HTTP/0.9` (a request line without a version) and
+    `HTTP/2.0` and answers them as HTTP/1.1 would: a 505, in HTTP/1.1, and the
+    connection closes."""
+    version = request.version
+    if version in _HTTP_1:
+        return
+    transport = request.transport
+    if transport is not None:
+        transport.write(_raw_reply(HttpVersionNotSupported(
+            f"HTTP/{version.major}.{version.minor} is not supported: the gateway speaks "
+            "HTTP/1.1 (and HTTP/1.0).")))
+        transport.close()
+    log.info("HTTP/%d.%d request from %s: 505", version.major, version.minor,
+             request.remote)
+    raise AnsweredAndClosed
 
 
 class FixedPaths:
@@ -275,6 +302,7 @@ class FixedPaths:
         if guarded is not None:
             guarded.head_read()
         try:
+            refuse_other_http_versions(base)
             found = self._routes.get((request.method, request.rel_url.path_safe))
             if found is None:
                 return await self._fallback(request)
