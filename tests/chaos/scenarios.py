@@ -12,6 +12,7 @@ import signal
 import orjson
 
 from tests.chaos import clients
+from tests.chaos.client_edges import CLIENT_EDGE_SCENARIOS
 from tests.chaos.suite import Chaos, Scenario
 
 
@@ -171,3 +172,6 @@ SCENARIOS: dict[str, Scenario] = {
     "broken policies hot-loaded": broken_policy_reload,
     "local backend killed mid-stream": local_backend_killed,
 }
+
+# -- the client side's scenarios (tests/chaos/client_edges.py) --------------------------
+SCENARIOS.update(CLIENT_EDGE_SCENARIOS)
