@@ -9,7 +9,9 @@ Three things differ from aiohttp's own runner:
   the offending bytes, and logs them with a traceback at ERROR — an `Authorization`
   line with one stray byte put its API key in the log. Here the client gets a JSON
   error naming the kind of fault (431 for a line too long, 400 otherwise) and the log
-  one line with the exception's class, never its text.
+  one line with the exception's class, never its text. A request line of another HTTP
+  version, which the parser takes (`HTTP/2.0`, `HTTP/0.9`), is a 505
+  (`refuse_other_http_versions`).
 - **Slow, silent and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`):
   a connection's first head must be complete within `server.header_read_timeout_s` of
   the connection opening (nginx's `client_header_timeout`), a later one within as long
@@ -250,8 +252,8 @@ _HTTP_1 = (HttpVersion11, HttpVersion10)
 
 def refuse_other_http_versions(request: web.BaseRequest) -> None:
     """aiohttp's parser takes `HTTP/0.9` (a request line without a version) and
-    `HTTP/2.0` and answers them as HTTP/1.1 would: a 505, in HTTP/1.1, and the
-    connection closes."""
+    `HTTP/2.0` request lines, and aiohttp would serve them as HTTP/1.1 requests: they
+    get a 505 (written in HTTP/1.1) instead, and the connection closes."""
     version = request.version
     if version in _HTTP_1:
         return
