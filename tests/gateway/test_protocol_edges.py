@@ -61,3 +61,22 @@ async def test_a_key_header_sent_twice_is_a_400(
     assert statuses(head) == [400], answer
     assert orjson.loads(error)["error"]["code"] == "duplicate_header"
     assert openai_upstream.received == []
+
+
+@pytest.mark.parametrize("framing", [
+    b"Content-Length: %d\r\nContent-Length: %d\r\n" % (len(CHAT_BODY), len(CHAT_BODY)),
+    b"Content-Length: %d\r\nContent-Length: 5\r\n" % len(CHAT_BODY),
+    b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % len(CHAT_BODY),
+    b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+], ids=["same-length-twice", "two-lengths", "length-and-chunked", "chunked-twice"])
+async def test_framing_headers_that_disagree_or_repeat_are_a_400(
+        gateway: RunningGateway, openai_upstream: FakeOpenAI, framing: bytes) -> None:
+    """aiohttp's parser refuses these itself (request smuggling); the gateway answers
+    them OpenAI-shaped."""
+    answer = await exchange(port_of(gateway), (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n%b\r\n%b")
+        % (framing, CHAT_BODY))
+    head, _, error = answer.partition(b"\r\n\r\n")
+    assert statuses(head) == [400]
+    assert orjson.loads(error)["error"]["code"] == "invalid_http"
+    assert openai_upstream.received == []
