@@ -82,6 +82,7 @@ class Pipeline:
         observers = self.hooks.observers
         for observer in observers:
             observer.request_started(ctx)
+        answered = False  # ctx.status is the one the client gets
         try:
             with record.step("routegate.auth"):
                 self.authenticate(ctx)
@@ -115,6 +116,7 @@ class Pipeline:
                     and not response.prepared:
                 response = await dialect.whole_answer(response)
                 ctx.status = response.status
+            answered = True
             return response
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status
@@ -123,16 +125,15 @@ class Pipeline:
                 exc.headers.setdefault(name, value)
             if not record.attempts:  # refused before any attempt: a limit or a shed?
                 record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
+            answered = True
             raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
-            raise
-        except Exception:
-            # unexpected: the middleware answers 500, unless the answer had begun
-            if not ctx.bytes_sent:
-                ctx.status = None
+            answered = True
             raise
         finally:
+            if not answered and not ctx.bytes_sent:
+                ctx.status = None  # an unexpected exception, which the middleware answers
             for observer in observers:
                 observer.request_finished(ctx)
             if ctx.facts is not None:  # a disconnect or an error may leave it open
