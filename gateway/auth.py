@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.errors import Forbidden, Unauthorized
+from gateway.errors import BadRequest, Forbidden, Unauthorized
 from policies.load import Policy
 
 TENANT_HEADER = "x-routegate-tenant"  # on every answer to an authenticated caller
@@ -38,16 +38,29 @@ class Identity:
 
 
 def key_hash(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    # a header's bytes that are not UTF-8 came decoded with surrogateescape: hash the bytes
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def presented_key(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization")
+    """The key the request presents; a 400 when it names one twice (which of two keys
+    is the caller's is not the gateway's guess to make)."""
+    headers = request.headers
+    header = _only(headers.getall("Authorization", None), "Authorization")
     if header:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    return request.headers.get("x-api-key") or None
+    return _only(headers.getall("x-api-key", None), "x-api-key") or None
+
+
+def _only(values: list[str] | None, name: str) -> str | None:
+    if values is None:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"The request has {len(values)} {name} headers; send one.",
+                         code="duplicate_header")
+    return values[0]
 
 
 def is_loopback(peer: str | None) -> bool:

@@ -17,6 +17,7 @@ from typing import ClassVar
 import orjson
 from aiohttp import web
 
+from gateway.log_text import json_text
 from gateway.pipeline.timing import RequestTimings
 from gateway.server.whole_response import WholeResponse
 
@@ -129,6 +130,14 @@ class TooManyConnections(GatewayError):
     type = "rate_limit_error"
 
 
+class HttpVersionNotSupported(GatewayError):
+    """505: a request line naming an HTTP version other than 1.0 or 1.1."""
+
+    status = 505
+    code = "http_version_not_supported"
+    type = "invalid_request_error"
+
+
 class RequestLineTooLong(GatewayError):
     """431: the request line or a header line is over the HTTP parser's limit."""
 
@@ -233,11 +242,43 @@ def _unknown_path(request: web.Request) -> NotFound:
                     f"/v1 it serves {', '.join(under_v1)}.")
 
 
+def error_level(error: GatewayError) -> int:
+    """DEBUG for errors reported in summary elsewhere, WARNING for the gateway's own
+    failures (5xx), INFO for the client's."""
+    if not error.log_each:
+        return logging.DEBUG
+    return logging.WARNING if error.status >= 500 else logging.INFO
+
+
+def error_line(request: web.BaseRequest, error: GatewayError) -> str:
+    """The log line of an error answered to a client: a JSON object with the access
+    log's field names, every string in it escaped (the path is the client's, the
+    message may quote the model it asked for)."""
+    fields: dict[str, object] = {"method": request.method, "path": request.path,
+                                 "status": error.status}
+    request_id = error.headers.get("X-Request-Id")
+    if request_id is not None:
+        fields["request_id"] = request_id
+    if request.remote is not None:
+        fields["client"] = request.remote
+    if error.code is not None:
+        fields["error_code"] = error.code
+    fields["message"] = error.message
+    return json_text(fields)
+
+
+def log_error(logger: logging.Logger, request: web.BaseRequest, error: GatewayError) -> None:
+    level = error_level(error)
+    if logger.isEnabledFor(level):  # the line is built only when it is written
+        logger.log(level, "%s", error_line(request, error))
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Render every failure OpenAI-shaped, log it once, stamp Server-Timing on the way out."""
     timing = RequestTimings()
     request[TIMING_KEY] = timing
+    unexpected = False
     try:
         response = await handler(request)
     except GatewayError as exc:
@@ -251,18 +292,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         error = _from_http_exception(exc, request)
     except Exception:  # the one place that sees unexpected failures
-        log.exception("unhandled error in %s %s", request.method, request.path)
         error = InternalError("The gateway failed to process the request; it has been logged.")
+        log.exception("%s", error_line(request, error))  # its one line, with the traceback
+        unexpected = True
     else:
         if not response.prepared:
             response.headers["Server-Timing"] = timing.server_timing()
         return response
-    if not error.log_each:
-        log.debug("%s %s -> %d %s", request.method, request.path, error.status, error.message)
-    elif error.status >= 500:
-        log.warning("%s %s -> %d %s", request.method, request.path, error.status, error.message)
-    else:
-        log.info("%s %s -> %d %s", request.method, request.path, error.status, error.message)
+    if not unexpected:
+        log_error(log, request, error)
     rendered = error.to_response()
     rendered.headers["Server-Timing"] = timing.server_timing()
     if error.ends_connection:

@@ -270,8 +270,10 @@ class ServerSettings(FileModel):
     """Largest request body accepted; larger ones get 413."""
     drain: Drain = Drain()
     """What SIGTERM does before the process exits."""
-    metrics_auth: bool = False
-    """`GET /metrics` answers only to a key listed in `auth.admin_keys`."""
+    metrics_auth: bool | None = None
+    """`GET /metrics` answers only to a key listed in `auth.admin_keys`. Unset: on as soon as
+    `auth.admin_keys` lists a key (the series name tenants, routes and backends); `false`
+    opens it to anyone who can reach the port."""
     max_upstream_body_bytes: PositiveInt = 32 * 1024 * 1024
     """Largest non-streamed reply a backend may send; past it the attempt fails (the next
     candidate serves, or a 502 names this setting), never buffered whole."""
@@ -279,8 +281,13 @@ class ServerSettings(FileModel):
     """Largest single event of a backend's stream; past it the stream ends with an error
     event naming this setting."""
     header_read_timeout_s: PositiveFloat = 10.0
-    """Seconds from a request's first byte until its headers are complete; a client slower
-    than that gets 408 and the connection closes."""
+    """Seconds until a request's headers are complete, from the moment the connection opens
+    (for its first request) or from the next request's first byte (on a kept-alive
+    connection); a client slower than that, or one that sends nothing, gets 408 and the
+    connection closes."""
+    keep_alive_timeout_s: PositiveFloat = 75.0
+    """Seconds a kept-alive connection may stay idle between two requests before the gateway
+    closes it."""
     body_read_timeout_s: PositiveFloat = 30.0
     """Longest pause while a request body arrives; past it, 408 and the connection closes."""
     max_connections_per_client: PositiveInt = 1024

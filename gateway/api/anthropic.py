@@ -28,9 +28,9 @@ from gateway.api.messages_to_chat import (
 from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.validate import check_chat, model_name
 from gateway.auth import TENANT_HEADER
-from gateway.errors import BadRequest, GatewayError, ModelNotFound
+from gateway.errors import GatewayError, ModelNotFound, log_error
 from gateway.pipeline.context import Endpoint, RequestContext
-from gateway.pipeline.request_body import read_limited
+from gateway.pipeline.request_body import json_object, read_limited
 from gateway.route.hook import ROUTING
 from gateway.server.whole_response import WholeResponse
 from policies.load import ModelTarget
@@ -55,6 +55,25 @@ class MessagesDialect:
     async def stream_finished(self) -> None:
         return None
 
+    async def whole_answer(self, response: WholeResponse) -> WholeResponse:
+        """A chat completion (or a backend's error) as a Messages API answer."""
+        data = response.body
+        request_id = response.headers.get("X-Request-Id", "")
+        headers = {name: value for name, value in response.headers.items()
+                   if name.lower() not in ("content-type", "content-length")}
+        headers["request-id"] = request_id
+        if response.status >= 400:  # a backend's own error, relayed with its status
+            text = openai_error_message(data) or data[:300].decode(errors="replace")
+            return _json(error_body(response.status, text, request_id), response.status, headers)
+        try:
+            completion = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            return _json(error_body(502, "The backend's response was not a chat completion.",
+                                    request_id), 502, headers)
+        return _json(message(completion), response.status, headers)
+
 
 MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect())
 
@@ -73,8 +92,7 @@ def anthropic_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except GatewayError as exc:
-            log.log(logging.WARNING if exc.status >= 500 else logging.INFO,
-                    "%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
+            log_error(log, request, exc)
             headers = dict(exc.headers)
             request_id = headers.get("X-Request-Id")
             if request_id:
@@ -88,25 +106,8 @@ def anthropic_errors(handler: Handler) -> Handler:
 
 @anthropic_errors
 async def create_message(request: web.Request) -> web.StreamResponse:
-    response = await request.app[PIPELINE].handle(request, MESSAGES)
-    if response.prepared or not isinstance(response, WholeResponse):
-        return response  # streamed: already re-encoded as Messages events
-    data = response.body
-    request_id = response.headers.get("X-Request-Id", "")
-    headers = {name: value for name, value in response.headers.items()
-               if name.lower() not in ("content-type", "content-length")}
-    headers["request-id"] = request_id
-    if response.status >= 400:  # a backend's own error, relayed with its status
-        text = openai_error_message(data) or data[:300].decode(errors="replace")
-        return _json(error_body(response.status, text, request_id), response.status, headers)
-    try:
-        completion = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict):
-        return _json(error_body(502, "The backend's response was not a chat completion.",
-                                request_id), 502, headers)
-    return _json(message(completion), response.status, headers)
+    # streamed: re-encoded as Messages events as it went; whole: `MessagesDialect.whole_answer`
+    return await request.app[PIPELINE].handle(request, MESSAGES)
 
 
 @anthropic_errors
@@ -118,13 +119,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     identity = pipeline.auth.authenticate(request, policy)
     raw = await read_limited(request, policy.file.server.max_body_bytes,
                              policy.file.server.body_read_timeout_s)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"We could not parse the JSON body of your request ({exc}).") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    chat = chat_request(body, counting=True)
+    chat = chat_request(json_object(raw), counting=True)
     model = model_name(chat)
     if policy.usable(model, identity.tenant, identity.key_hash) is None:
         raise ModelNotFound(f"model: {model}", param="model")

@@ -133,6 +133,22 @@ class ResponsesCall:
             self.ctx.usage = usage if isinstance(usage, dict) else None
         await self.keep(final)
 
+    async def whole_answer(self, response: WholeResponse) -> WholeResponse:
+        if response.status >= 400:
+            return response  # a backend's own error, OpenAI-shaped as this API's are
+        try:
+            completion = orjson.loads(response.body)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            raise UpstreamError("The backend's answer was not JSON.")
+        answer = self.answer(completion)
+        await self.keep(answer)
+        headers = {name: value for name, value in response.headers.items()
+                   if name.lower() != "content-length"}
+        return WholeResponse(status=response.status, body=orjson.dumps(answer),
+                             headers=headers)
+
     # -- state --------------------------------------------------------------------------
     async def keep(self, response: Body) -> None:
         if self.source.get("store") is False or not response.get("id"):
@@ -155,22 +171,8 @@ class ResponsesCall:
 async def create_response(request: web.Request) -> web.StreamResponse:
     call = ResponsesCall(request.app[RESPONSES_STATE])
     endpoint = Endpoint("responses", "/chat/completions", check_chat, dialect=call)
-    response = await request.app[PIPELINE].handle(request, endpoint)
-    if response.prepared or not isinstance(response, WholeResponse):
-        return response  # streamed: re-encoded (or passed through) as it went
-    if response.status >= 400:
-        return response  # a backend's own error, OpenAI-shaped as this API's are
-    try:
-        completion = orjson.loads(response.body)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict):
-        raise UpstreamError("The backend's answer was not JSON.")
-    answer = call.answer(completion)
-    await call.keep(answer)
-    headers = {name: value for name, value in response.headers.items()
-               if name.lower() != "content-length"}
-    return WholeResponse(status=response.status, body=orjson.dumps(answer), headers=headers)
+    # streamed: re-encoded (or passed through) as it went; whole: `call.whole_answer`
+    return await request.app[PIPELINE].handle(request, endpoint)
 
 
 def _tenant(request: web.Request) -> str:

@@ -15,6 +15,7 @@ import orjson
 
 from gateway.blob_store import BlobStore, BlobStoreUnavailable
 from gateway.errors import GatewayError
+from gateway.log_text import escaped
 
 log = logging.getLogger("routegate.api.responses")
 
@@ -44,7 +45,7 @@ class StoredResponses:
         try:
             await self.blobs.put(self._key(tenant, str(response.get("id"))), value, self.ttl_s)
         except BlobStoreUnavailable as exc:
-            log.warning("response %s not stored: %s", response.get("id"), exc)
+            log.warning("response %s not stored: %s", escaped(str(response.get("id"))), exc)
 
     async def load(self, tenant: str, response_id: str) -> tuple[Body, list[Body]] | None:
         try:

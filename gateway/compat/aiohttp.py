@@ -10,7 +10,8 @@ for a saving measured in docs/benchmarks.md or a behaviour the public API cannot
   prepare hook and the C header serialiser (`one_write_start`, `run_prepare_hook`,
   `write_whole`, `must_be_empty_body`);
 - the server (`gateway/runner.py`): the runner's server factory (`HookedAppRunner`), the
-  class of its connections (`make_connections_with`), a request's match info set without
+  class of its connections (`make_connections_with`), which of them are idle when the
+  drain closes the listener (`waiting_for_request`), a request's match info set without
   the router (`set_match_info`), the parser's exceptions, domain-matched sub-apps;
 - the backend client (`gateway/upstream/http1.py`): aiohttp's client protocol with its
   llhttp parser (`ResponseHandler`, `RawResponseMessage`), kept safe for a pool
@@ -107,7 +108,8 @@ _NEEDED: tuple[tuple[object, str], ...] = (
     (web.AppRunner, "_make_server"),
     *((web.Server, name) for name in ("_loop", "_kwargs")),
     *((web.RequestHandler, name) for name in (
-        "handle_error", "data_received", "connection_made", "connection_lost")),
+        "handle_error", "data_received", "connection_made", "connection_lost", "_waiter",
+        "_messages")),
     *((ResponseHandler, name) for name in (
         "_drain_helper", "set_response_params", "start_timeout", "read", "should_close",
         "writing_paused", "force_close", "set_exception", "is_connected", "_payload",
@@ -217,6 +219,24 @@ class _ConnectionsServer(web.Server):
 
     def __call__(self) -> web.RequestHandler:  # what `web.Server.__call__` builds, made here
         return self.make_handler(self, loop=self._loop, **self._kwargs)
+
+    def pre_shutdown(self) -> None:
+        """An idle connection closes now, a busy one after its response. aiohttp's own
+        marks every connection as closing, and an idle one then drops what arrives on it
+        unanswered and stays open until the shutdown: a request sent on it after the
+        drain's listener closed waited for the whole drain."""
+        for handler in self.connections:
+            if waiting_for_request(handler):
+                handler.force_close()
+            else:
+                handler.close()
+
+
+def waiting_for_request(handler: web.RequestHandler) -> bool:
+    """Between requests, or with only part of a head: no handler runs and none is queued
+    (the test aiohttp's own keep-alive timer makes before it closes a connection)."""
+    waiter = handler._waiter
+    return waiter is not None and not waiter.done() and not handler._messages
 
 
 def make_connections_with(server: web.Server,

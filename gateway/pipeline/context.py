@@ -16,6 +16,7 @@ from gateway.pipeline.deadline import Deadline
 from gateway.pipeline.record import RequestRecord
 from gateway.pipeline.sse import SseRelay
 from gateway.pipeline.timing import RequestTimings
+from gateway.server.whole_response import WholeResponse
 from gateway.upstream.openai import Incapable
 from policies.load import ModelTarget, Policy
 
@@ -54,6 +55,12 @@ class Dialect(Protocol):
     async def stream_finished(self) -> None:
         """The stream's last bytes are encoded and about to leave: state the client may
         ask for as soon as it has them (a stored response) is saved now."""
+        ...
+
+    async def whole_answer(self, response: WholeResponse) -> WholeResponse:
+        """A whole (not streamed) answer of this endpoint, a backend's error included, as
+        the client's API says it; raises a GatewayError. Called inside the pipeline, so
+        the status the request is recorded with is the one the client gets."""
         ...
 
 

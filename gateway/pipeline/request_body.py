@@ -1,9 +1,14 @@
-"""Reading a client's request body: bounded in size and in how long it may pause."""
+"""Reading a client's request body: bounded in size, in how long it may pause and in
+how deep its JSON nests."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+from itertools import accumulate
+from typing import Any
 
+import orjson
 from aiohttp import StreamReader, web
 
 from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout
@@ -46,3 +51,40 @@ async def _arriving(content: StreamReader, pause_s: float) -> bytes:
 
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+
+
+# Nesting levels (arrays and objects) a request body may have. orjson writes at most
+# 254 and the gateway re-serialises bodies, some inside a wrapper (a cache key, a stored
+# response): a body past this is refused as it is parsed, before anything is called.
+MAX_JSON_DEPTH = 128
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A client's JSON body, parsed: a 400 when it is empty, not JSON, not an object, or
+    nested deeper than `MAX_JSON_DEPTH`."""
+    if not raw.strip():
+        raise BadRequest("The request body is empty; send a JSON object.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request ({exc}).",
+                         code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+    # fewer brackets than the limit cannot nest past it: the usual body is not scanned
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH \
+            and nesting_depth(raw) > MAX_JSON_DEPTH:
+        raise BadRequest(f"The JSON body nests arrays and objects deeper than "
+                         f"{MAX_JSON_DEPTH} levels, the most the gateway accepts.",
+                         code="json_too_deep")
+    return body
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deep the arrays and objects of valid JSON `raw` nest (brackets inside
+    strings do not count)."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(_DEPTH_STEP[byte] for byte in brackets), default=0)

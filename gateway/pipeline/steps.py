@@ -3,7 +3,8 @@
     begin           request id, timing, the policy this request runs under
     authenticate    API key → tenant                              (gateway.auth)
     read_body       size limit (Content-Length first, then the actual bytes)
-    parse           orjson once; validate the fields we need; model must exist
+    parse           orjson once (nesting bounded: MAX_JSON_DEPTH); validate the fields
+                    we need; model must exist
                     (an endpoint's `dialect` — Anthropic Messages — becomes a chat body
                     here, and its stream is re-encoded as it is written back)
     admit           hooks.admission.admit       ← rate limits   (gateway/limits)
@@ -15,6 +16,8 @@
                     past a backend whose API cannot express the request (a 400 if none can)
     settle          hooks.admission.settle      (always, once admitted; ctx.usage)
     keep            hooks.cache.keep            (an answer the route's cache may keep)
+    answer          a dialect's whole answer re-encoded (Messages, Responses), so the
+                    status recorded is the one the client gets
     finish          hooks.observers; hooks.telemetry.finish(record): metrics, access log,
                     dashboard sample and spans, all from the request record
 
@@ -42,17 +45,19 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.hooks import Hooks
+from gateway.log_text import escaped
 from gateway.pipeline.attempt_facts import AttemptFacts
 from gateway.pipeline.context import Attempt, Endpoint, RequestContext
 from gateway.pipeline.deadline import DEADLINE_HEADER, Deadline, budgets_ms
 from gateway.pipeline.outcome import deadline_exceeded, exhausted
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
-from gateway.pipeline.request_body import read_limited
+from gateway.pipeline.request_body import json_object, read_limited
 from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
 from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
+from gateway.server.whole_response import WholeResponse
 from gateway.upstream.openai import PRIORITY_HEADER, UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
@@ -78,6 +83,7 @@ class Pipeline:
         observers = self.hooks.observers
         for observer in observers:
             observer.request_started(ctx)
+        answered = False  # ctx.status is the one the client gets
         try:
             with record.step("routegate.auth"):
                 self.authenticate(ctx)
@@ -106,6 +112,12 @@ class Pipeline:
                 ctx.status = response.status
             if ctx.cache_plan is not None:
                 await cache.keep(ctx, response)
+            dialect = ctx.endpoint.dialect
+            if dialect is not None and isinstance(response, WholeResponse) \
+                    and not response.prepared:
+                response = await dialect.whole_answer(response)
+                ctx.status = response.status
+            answered = True
             return response
         except GatewayError as exc:
             ctx.error, ctx.status = exc, exc.status
@@ -114,11 +126,15 @@ class Pipeline:
                 exc.headers.setdefault(name, value)
             if not record.attempts:  # refused before any attempt: a limit or a shed?
                 record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
+            answered = True
             raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
+            answered = True
             raise
         finally:
+            if not answered and not ctx.bytes_sent:
+                ctx.status = None  # an unexpected exception, which the middleware answers
             for observer in observers:
                 observer.request_finished(ctx)
             if ctx.facts is not None:  # a disconnect or an error may leave it open
@@ -148,15 +164,7 @@ class Pipeline:
                                      server.body_read_timeout_s)
 
     async def parse(self, ctx: RequestContext) -> None:
-        if not ctx.raw.strip():
-            raise BadRequest("The request body is empty; send a JSON object.")
-        try:
-            body = orjson.loads(ctx.raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"We could not parse the JSON body of your request ({exc}).",
-                             code="invalid_json") from exc
-        if not isinstance(body, dict):
-            raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+        body = json_object(ctx.raw)
         dialect = ctx.endpoint.dialect
         if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
             body = await dialect.request(ctx, body)
@@ -342,7 +350,7 @@ class Pipeline:
                 facts.failed(failure.error.message, failure.status)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
-                         failure.error.message)
+                         escaped(failure.error.message))  # may quote the backend
                 result = failure
         except BaseException as exc:
             await held.__aexit__(type(exc), exc, exc.__traceback__)

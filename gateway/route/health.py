@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from gateway.log_text import escaped
 from gateway.policy.live import LivePolicy
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
@@ -141,7 +142,8 @@ class HealthChecker:
             health.passes, health.failures = 0, health.failures + 1
             if health.healthy and health.failures >= settings.unhealthy_threshold:
                 health.healthy = False
-                log.warning("backend %s is failing its health checks: %s", name, error)
+                log.warning("backend %s is failing its health checks: %s", name,
+                            escaped(error))  # may quote the backend's answer
                 self._mark(name, backend, math.inf)
 
     def _mark(self, name: str, backend: Backend, until: float | None) -> None:

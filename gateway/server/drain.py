@@ -99,7 +99,9 @@ async def drain_and_stop(runner: web.AppRunner, drain: Drain, *, announce_s: flo
         await site.stop()  # no new connections
     server = runner.server
     if server is not None:
-        server.pre_shutdown()  # idle keep-alive ones close; busy ones after their response
+        # idle keep-alive ones close now (a request sent on one is not left unanswered),
+        # busy ones after their response (gateway.compat.aiohttp's `pre_shutdown`)
+        server.pre_shutdown()
     if drain.in_flight:
         log.info("listener closed; %d request(s) in flight get up to %gs", drain.in_flight,
                  timeout_s)

@@ -9,14 +9,19 @@ Three things differ from aiohttp's own runner:
   the offending bytes, and logs them with a traceback at ERROR — an `Authorization`
   line with one stray byte put its API key in the log. Here the client gets a JSON
   error naming the kind of fault (431 for a line too long, 400 otherwise) and the log
-  one line with the exception's class, never its text.
-- **Slow and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`): a
-  request's head must be complete within `server.header_read_timeout_s` of its first
-  byte (else a 408 and the connection closes: headers trickled a byte at a time hold
-  nothing for long), and one client address holds at most
-  `server.max_connections_per_client` connections (more are answered 429 and closed
-  at once). An idle kept-alive connection is aiohttp's keep-alive timeout's business;
-  a stalled body is the body reader's (`request_body.py`, `server.body_read_timeout_s`).
+  one line with the exception's class, never its text. A request line of another HTTP
+  version, which the parser takes (`HTTP/2.0`, `HTTP/0.9`), is a 505
+  (`refuse_other_http_versions`).
+- **Slow, silent and greedy clients are bounded** (`_RequestHandler`, `ClientGuard`):
+  a connection's first head must be complete within `server.header_read_timeout_s` of
+  the connection opening (nginx's `client_header_timeout`), a later one within as long
+  of its first byte, else a 408 and the connection closes: a connection that sends
+  nothing, blank lines, or headers a byte at a time holds nothing for long. A kept-alive
+  connection idle between requests closes after `server.keep_alive_timeout_s` (aiohttp's
+  keep-alive timer, set per connection from the live policy). One client address holds
+  at most `server.max_connections_per_client` connections (more are answered 429 and
+  closed at once). A stalled body is the body reader's (`request_body.py`,
+  `server.body_read_timeout_s`).
 
 Fixed paths:
 
@@ -48,7 +53,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import orjson
-from aiohttp import StreamReader, hdrs, web
+from aiohttp import HttpVersion10, HttpVersion11, StreamReader, hdrs, web
 
 from gateway.app import LIVE_POLICY
 from gateway.compat.aiohttp import (
@@ -63,6 +68,7 @@ from gateway.compat.aiohttp import (
 from gateway.errors import (
     BadRequest,
     GatewayError,
+    HttpVersionNotSupported,
     InternalError,
     RequestLineTooLong,
     RequestTimeout,
@@ -115,10 +121,14 @@ def _raw_reply(error: GatewayError) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
+_BLANK = b"\r\n"  # the bytes of the blank lines a request may be preceded by
+
+
 class _RequestHandler(web.RequestHandler):
     __slots__ = ("_address", "_guard", "_head_timer", "_unread_body", "awaiting_head")
 
     def __init__(self, manager: web.Server, *, guard: ClientGuard, **kwargs: Any) -> None:
+        kwargs["keepalive_timeout"] = guard.settings().keep_alive_timeout_s
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._address: str | None = None  # counted against the cap while connected
@@ -136,6 +146,9 @@ class _RequestHandler(web.RequestHandler):
             return
         if self._guard.admit(address):
             self._address = address
+            # the first head's clock starts now: a client that connects and sends
+            # nothing (or blank lines) is timed out like one that trickles
+            self._start_head_timer()
             return
         # a flood of them is what the cap is for: not a log line each
         log.debug("connection from %s refused: over server.max_connections_per_client",
@@ -155,13 +168,18 @@ class _RequestHandler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._unread_body is not None and self._unread_body.is_eof():
             self._unread_body, self.awaiting_head = None, True
-        # no timer for a head that arrives whole (the usual request, in one read);
-        # b"" is aiohttp resuming its parser, not bytes from the client
+        # no timer for a head that arrives whole (the usual request, in one read): one
+        # that ends in this read and does not start with blank lines, which the parser
+        # skips (they could carry the end-of-head mark ahead of half a head); b"" is
+        # aiohttp resuming its parser, not bytes from the client
         if self.awaiting_head and self._head_timer is None and data \
-                and b"\r\n\r\n" not in data:
-            self._head_timer = asyncio.get_running_loop().call_later(
-                self._guard.settings().header_read_timeout_s, self._head_too_slow)
+                and (b"\r\n\r\n" not in data or data[0] in _BLANK):
+            self._start_head_timer()
         super().data_received(data)
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self._guard.settings().header_read_timeout_s, self._head_too_slow)
 
     def head_read(self) -> None:
         """A whole request head has arrived (its handler runs now)."""
@@ -195,7 +213,8 @@ class _RequestHandler(web.RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp could not parse (4xx) or a failure outside the app's error
         middleware (500). The connection closes after it, as aiohttp's own does."""
-        if request.writer.output_size > 0:  # the response has begun: nothing to add
+        if request.writer.output_size > 0 or isinstance(exc, AnsweredAndClosed):
+            # the response has begun, or was sent whole on the transport: nothing to add
             raise ConnectionError("the response has begun; the connection is dropped")
         error = _error_for(status, exc)
         if isinstance(error, InternalError):
@@ -222,6 +241,31 @@ def _error_for(status: int, exc: BaseException | None) -> GatewayError:
         return BadRequest("The request method is not valid HTTP.", code="invalid_http")
     return BadRequest(f"The request is not valid HTTP/1.1 ({type(exc).__name__}).",
                       code="invalid_http")
+
+
+class AnsweredAndClosed(Exception):
+    """The connection has been answered on its transport and closed."""
+
+
+_HTTP_1 = (HttpVersion11, HttpVersion10)
+
+
+def refuse_other_http_versions(request: web.BaseRequest) -> None:
+    """aiohttp's parser takes `HTTP/0.9` (a request line without a version) and
+    `HTTP/2.0` request lines, and aiohttp would serve them as HTTP/1.1 requests: they
+    get a 505 (written in HTTP/1.1) instead, and the connection closes."""
+    version = request.version
+    if version in _HTTP_1:
+        return
+    transport = request.transport
+    if transport is not None:
+        transport.write(_raw_reply(HttpVersionNotSupported(
+            f"HTTP/{version.major}.{version.minor} is not supported: the gateway speaks "
+            "HTTP/1.1 (and HTTP/1.0).")))
+        transport.close()
+    log.info("HTTP/%d.%d request from %s: 505", version.major, version.minor,
+             request.remote)
+    raise AnsweredAndClosed
 
 
 class FixedPaths:
@@ -260,6 +304,7 @@ class FixedPaths:
         if guarded is not None:
             guarded.head_read()
         try:
+            refuse_other_http_versions(base)
             found = self._routes.get((request.method, request.rel_url.path_safe))
             if found is None:
                 return await self._fallback(request)

@@ -5,7 +5,9 @@ as the line is written), the client's address, identifiers, how the caller was
 identified, the routing outcome, token counts, cost and every timing; a field with
 no value is left out, never written empty. It has no field that could hold
 prompt or completion text, headers or API keys, so none can leak into the log
-by accident — adding one means changing this file, in review.
+by accident — adding one means changing this file, in review. What the client did
+write into a field (the path, the model it asked for) is escaped: it cannot end the
+line or write a terminal control.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
-import orjson
-
+from gateway.log_text import json_line
 from gateway.pipeline.record import RequestRecord
 from gateway.pipeline.timing import TimingSplit
 
@@ -127,10 +128,13 @@ class AccessLog:
             value = getattr(record, name)
             if value is not None:
                 data[name] = value
+        # the path and the model are the client's: `json_line` leaves nothing raw in them
+        # that could end the line or reach a terminal as a control
+        line = json_line(data)
         if stream is not None:
-            stream.write(orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
+            stream.write(line)
         else:
-            self.logger.info(orjson.dumps(data).decode())
+            self.logger.info(line[:-1].decode())
 
     def flush(self) -> None:
         if self.stream is not None:

@@ -12,6 +12,7 @@ import signal
 import orjson
 
 from tests.chaos import clients
+from tests.chaos.client_edges import CLIENT_EDGE_SCENARIOS
 from tests.chaos.suite import Chaos, Scenario
 
 
@@ -211,3 +212,6 @@ FRAMING_SCENARIOS: dict[str, Scenario] = {
     "reset on reuse": hidden(reset_on_reuse),
 }
 SCENARIOS.update(FRAMING_SCENARIOS)
+
+# -- the client side's scenarios (tests/chaos/client_edges.py) --------------------------
+SCENARIOS.update(CLIENT_EDGE_SCENARIOS)

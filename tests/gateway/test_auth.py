@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.auth import require_admin
 from gateway.errors import Forbidden, Unauthorized
@@ -74,7 +75,7 @@ class _Peer:
 
     def __init__(self, remote: str, headers: dict[str, str] | None = None) -> None:
         self.remote = remote
-        self.headers = headers or {}
+        self.headers = CIMultiDict(headers or {})
 
 
 def test_loopback_only_anonymous_access_refuses_other_peers() -> None:

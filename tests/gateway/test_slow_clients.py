@@ -120,3 +120,62 @@ async def test_the_rest_of_a_refused_body_is_not_taken_for_a_slow_head(
     writer.close()
 
     assert received.startswith(b"HTTP/1.1 413 ") and received.count(b"HTTP/1.1 ") == 1
+
+
+async def test_connections_that_send_nothing_time_out_and_free_the_per_client_cap(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.3,
+                             max_connections_per_client=4)
+    silent = [await _open(gateway) for _ in range(4)]
+    started = time.monotonic()
+
+    answers = [await _answer(reader) for reader, _ in silent]  # closed by the gateway
+
+    assert [status for status, _ in answers] == [408] * 4
+    assert time.monotonic() - started < 2.0
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.base_url + "/chat/completions", data=CHAT,
+            headers={"Content-Type": "application/json"}) as response:
+        assert response.status == 200
+    for _, writer in silent:
+        writer.close()
+
+
+async def test_blank_lines_and_then_half_a_head_are_a_408(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.3)
+    reader, writer = await _open(gateway)
+    writer.write(b"\r\n\r\n\r\nPOST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+
+    status, _ = await _answer(reader)
+    writer.close()
+    assert status == 408
+
+
+async def test_blank_lines_and_half_a_head_on_a_kept_alive_connection_are_a_408(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, header_read_timeout_s=0.3)
+    reader, writer = await _open(gateway)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), 5.0)
+    assert first.startswith(b"HTTP/1.1 200 ")
+
+    writer.write(b"\r\n\r\nPOST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    status, _ = await _answer(reader)
+    writer.close()
+    assert status == 408
+
+
+async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    gateway = await _gateway(start_upstream, start_gateway, keep_alive_timeout_s=0.3)
+    reader, writer = await _open(gateway)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), 5.0)
+    assert first.startswith(b"HTTP/1.1 200 ") and b"Connection: close" not in first
+    started = time.monotonic()
+
+    rest = await asyncio.wait_for(reader.read(), 5.0)  # to EOF: the gateway closes
+
+    writer.close()
+    assert rest == b"" and time.monotonic() - started < 2.0

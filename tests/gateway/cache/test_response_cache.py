@@ -42,7 +42,8 @@ async def ask(gateway: RunningGateway, api_key: str = "anonymous", **kwargs: Any
 
 async def metrics(gateway: RunningGateway) -> str:
     async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/metrics") as response:
+            gateway.url + "/metrics",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
         return await response.text()
 
 

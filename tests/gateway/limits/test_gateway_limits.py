@@ -112,7 +112,8 @@ async def test_a_stream_cancelled_after_10_tokens_is_charged_10_tokens(
     assert report["day"]["output_tokens"] == 10
     assert report["day"]["requests"] == 1
     async with aiohttp.ClientSession() as session, \
-            session.get(gateway.url + "/metrics") as metrics:
+            session.get(gateway.url + "/metrics",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as metrics:
         exposition = await metrics.text()
     # the backend never reported usage: /metrics counts what the ledger charged
     assert re.search(r'routegate_tokens_total\{[^}]*direction="output"[^}]*\} 10\.0',
@@ -214,7 +215,8 @@ async def test_fail_closed_answers_503_at_once_while_redis_is_down_then_recovers
     assert caught.value.body["code"] == "rate_limit_store_unavailable"
     assert len(upstream.received) == 0
     async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/metrics") as response:
+            gateway.url + "/metrics",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
         metrics = await response.text()
     assert "routegate_limit_store_up 0.0" in metrics
     assert "routegate_limit_store_outages_total 1.0" in metrics

@@ -147,7 +147,8 @@ async def test_reloads_are_counted_by_result(
     write(policy_path, "version: 1\n")
     await reloader.reload("test")
     async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/metrics") as response:
+            gateway.url + "/metrics",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
         exposition = await response.text()
     assert 'routegate_policy_reloads_total{result="ok"} 1.0' in exposition
     assert 'routegate_policy_reloads_total{result="invalid"} 1.0' in exposition

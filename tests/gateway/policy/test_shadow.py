@@ -60,7 +60,8 @@ async def test_shadow_counts_differing_decisions_without_changing_responses(
     assert (sample["live"]["outcome"], sample["shadow"]["outcome"]) == ("a/m", "b/m")
     assert "hi" not in str(report)  # no request content
     async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/metrics") as response:
+            gateway.url + "/metrics",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
         exposition = await response.text()
     assert 'routegate_policy_shadow_decisions_total{result="different"} 2.0' in exposition
     assert gateway.app[SHADOW].different == 2

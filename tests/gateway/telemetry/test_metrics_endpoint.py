@@ -41,9 +41,29 @@ async def test_metrics_auth_puts_metrics_behind_the_admin_key(
     assert status == 200 and "routegate_requests_total" in text
 
 
-async def test_metrics_are_open_by_default(openai_upstream: FakeOpenAI,
-                                           start_gateway: StartGateway) -> None:
+async def test_metrics_are_open_by_default_when_the_policy_lists_no_admin_key(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
     gateway = await start_gateway(single_backend_policy(openai_upstream.url))
+    assert (await get(gateway.url))[0] == 200
+
+
+async def test_metrics_need_the_admin_key_by_default_once_the_policy_lists_one(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    policy = single_backend_policy(openai_upstream.url,
+                                   auth={"admin_keys": [hash_key(ADMIN_KEY)],
+                                         "anonymous": {"enabled": True}})
+    gateway = await start_gateway(policy)
+    assert (await get(gateway.url))[0] == 401
+    status, text = await get(gateway.url, {"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert status == 200 and "routegate_requests_total" in text
+
+
+async def test_metrics_auth_false_opens_metrics_despite_admin_keys(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway) -> None:
+    policy = single_backend_policy(openai_upstream.url, server={"metrics_auth": False},
+                                   auth={"admin_keys": [hash_key(ADMIN_KEY)],
+                                         "anonymous": {"enabled": True}})
+    gateway = await start_gateway(policy)
     assert (await get(gateway.url))[0] == 200
 
 
