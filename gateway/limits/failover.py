@@ -1,4 +1,4 @@
-"""What happens to limits when Redis is unreachable: `on_store_error` from the policy.
+"""What happens to limits when Redis is unreachable or too slow: `on_store_error`.
 
 `fail_closed` rejects while the store is down; `fail_open` decides locally with
 this replica's share of every limit (`limit // replicas`), so N replicas
@@ -11,6 +11,12 @@ one outage, not a "back"/"unavailable" flap as stale connections fail one by one
 outage is logged when it starts, once per `log_interval_s` while it lasts (with
 the count of requests decided locally or refused meanwhile; they are not logged
 one by one) and when it ends, and counted.
+
+A Redis that answers, but slowly, is out too (`limits.store_latency`,
+`store_latency.py`): a call past the call timeout puts it out at once, and so does a
+p99 over the budget across the window's calls. Out for slowness, it is taken back once
+three probes in a row answer within the budget (one, after an outage where it did not
+answer at all), so a Redis still slow is not taken back to fail again.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
@@ -46,11 +52,14 @@ from gateway.limits.store import (
     StoreUnavailable,
     TenantUsage,
 )
+from gateway.limits.store_latency import LatencyBudget, LatencyWindow, LoopLag
 
 log = logging.getLogger("routegate.limits")
 
 OnStoreError = Literal["fail_open", "fail_closed"]
+OutReason = Literal["unreachable", "slow"]
 MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
+FAST_PROBES_AFTER_SLOW = 3  # probes in a row within the budget that end a slowness outage
 
 
 @dataclass(slots=True)
@@ -79,7 +88,7 @@ class FailoverStore:
 
     def __init__(self, primary: RedisStore, *, on_error: OnStoreError = "fail_open",
                  replicas: int = 1, probe_interval_s: float = 1.0,
-                 log_interval_s: float = 10.0) -> None:
+                 log_interval_s: float = 10.0, latency: LatencyBudget | None = None) -> None:
         self.primary = primary
         self.fallback = MemoryStore(name="fallback", share=replicas)
         self.on_error = on_error
@@ -90,6 +99,15 @@ class FailoverStore:
         self.fallback_admissions = 0  # admissions decided locally (fail_open)
         self.rejected_unavailable = 0  # admissions refused (fail_closed)
         self.lost_settlements = 0  # dropped from a full replay queue
+        self.slow_outages = 0  # outages because it answered too slowly
+        self.out_reason: OutReason | None = None  # while out
+        self.out_detail = ""  # what put it out, while out
+        self.latency = latency
+        # the p99 judgement (None: calls are bounded by the primary's timeout alone)
+        self.window = (LatencyWindow(latency) if latency is not None
+                       and latency.p99_s is not None else None)
+        self._lag = LoopLag()
+        self._fast_probes = 0  # probes in a row within the budget, while out
         self._down_since = 0.0
         self._unsettled: deque[_Deferred] = deque()
         self._probe: asyncio.Task[None] | None = None
@@ -101,6 +119,7 @@ class FailoverStore:
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
         if self.healthy:
+            started = time.monotonic()
             try:
                 decision = await self.primary.admit(tenant, scopes, tokens, budget, now,
                                                     request_id)
@@ -113,6 +132,7 @@ class FailoverStore:
                     self._defer(_Deferred(exc.reservation, 0, Charge(), now, release=True))
             else:
                 self._learnt(tenant, decision, now)
+                self._timed(started)
                 return decision
         if self.on_error == "fail_closed":
             self.rejected_unavailable += 1
@@ -137,6 +157,34 @@ class FailoverStore:
                 rejection, limit=(budget.day_micros if daily else budget.month_micros) or 0,
                 used=decision.spent_day_micros if daily else decision.spent_month_micros)
         return decision
+
+    def status(self) -> dict[str, object]:
+        """What `GET /admin/limits` reports: up or out (and why), and the latency window."""
+        now = time.monotonic()
+        report: dict[str, object] = {
+            "store": self.name, "up": self.healthy, "on_store_error": self.on_error,
+            "out_reason": self.out_reason, "out_detail": self.out_detail or None,
+            "out_for_s": None if self.healthy else round(now - self._down_since, 3),
+            "outages": self.outages, "slow_outages": self.slow_outages,
+            "fallback_admissions": self.fallback_admissions,
+            "unavailable_rejections": self.rejected_unavailable,
+            "unsettled": len(self._unsettled), "lost_settlements": self.lost_settlements}
+        if self.latency is not None:
+            latency: dict[str, object] = {
+                "call_timeout_ms": self.latency.call_timeout_s * 1000,
+                "p99_budget_ms": None if self.latency.p99_s is None
+                else self.latency.p99_s * 1000,
+                "window_s": self.latency.window_s}
+            if self.window is not None:
+                calls, over = self.window.counts(now)
+                p99 = self.window.p99_s(now)
+                latency.update(calls=calls, over_budget=over,
+                               # None past the histogram's last bound (5 s) too
+                               p99_ms_at_most=None if p99 is None or p99 == float("inf")
+                               else p99 * 1000,
+                               loop_lag_ms=round(self._lag.lag_s * 1000, 3))
+            report["latency"] = latency
+        return report
 
     def _learnt(self, tenant: str, decision: Decision, now: float) -> None:
         """Redis's figures from an admission (kept in place: one per tenant)."""
@@ -177,12 +225,14 @@ class FailoverStore:
                                   now))
             return
         if self.healthy:
+            started = time.monotonic()
             try:
                 await self.primary.settle(reservation, actual_tokens, charge, now)
             except StoreUnavailable as exc:
                 self._mark_down(exc)
             else:
                 self._charged(reservation.tenant, charge.cost_micros, now)
+                self._timed(started)
                 return
         self._defer(_Deferred(reservation, actual_tokens, charge, now))
 
@@ -196,6 +246,7 @@ class FailoverStore:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
+        await self._lag.aclose()
         await self.primary.aclose()
 
     def _defer(self, deferred: _Deferred) -> None:
@@ -206,15 +257,47 @@ class FailoverStore:
         if self.healthy:  # a local admission settled after Redis came back
             self._start_probe()
 
+    def _timed(self, started: float) -> None:
+        """Judge a call that answered: the store goes out when its p99 passes the budget
+        (what the event loop's own lag added is not the store's)."""
+        window = self.window
+        if window is None:
+            return
+        self._lag.start()
+        ended = time.monotonic()
+        if window.observe(ended - started - self._lag.lag_s, ended):
+            calls, over = window.counts(ended)
+            self._mark_down(StoreUnavailable(
+                f"{over} of its last {calls} calls took longer than the p99 budget of "
+                f"{(window.budget.p99_s or 0) * 1000:g} ms", slow=True))
+
+    def _probe_answered_in_time(self, started: float) -> bool:
+        """Whether an answering probe ends the outage: within the p99 budget, and the
+        last of `FAST_PROBES_AFTER_SLOW` in a row after a slowness outage."""
+        window = self.window
+        if window is None or window.budget.p99_s is None:
+            return True
+        if time.monotonic() - started - self._lag.lag_s > window.budget.p99_s:
+            self._fast_probes = 0
+            return False
+        self._fast_probes += 1
+        return self._fast_probes >= (FAST_PROBES_AFTER_SLOW if self.out_reason == "slow"
+                                     else 1)
+
     def _mark_down(self, exc: StoreUnavailable) -> None:
         if not self.healthy:
             return
         self.healthy = False
         self.outages += 1
+        self.slow_outages += exc.slow
+        self.out_reason, self.out_detail = ("slow" if exc.slow else "unreachable"), str(exc)
+        self._fast_probes = 0
         self._down_since = time.monotonic()
         action = (f"deciding locally with 1/{self.fallback.share} of each limit"
                   if self.on_error == "fail_open" else "rejecting requests")
-        log.warning("rate limit store unavailable, %s until it answers: %s", action, exc)
+        log.warning("rate limit store %s, %s until it answers%s: %s",
+                    "too slow" if exc.slow else "unavailable", action,
+                    " in time" if exc.slow else "", exc)
         self._start_probe()
 
     def _start_probe(self) -> None:
@@ -239,7 +322,10 @@ class FailoverStore:
                                 "decided locally" if self.on_error == "fail_open"
                                 else "refused")
             try:
+                started = time.monotonic()
                 await self.primary.ping()
+                if not self.healthy and not self._probe_answered_in_time(started):
+                    continue  # it answers, but still too slowly to be used
                 while self._unsettled:
                     item = self._unsettled[0]
                     if item.release:
@@ -260,5 +346,8 @@ class FailoverStore:
                 await self.primary.drop_connections()
                 log.warning("rate limit store is back after %.1f s; using it again",
                             time.monotonic() - self._down_since)
+                if self.window is not None:
+                    self.window.clear()  # the calls that put it out weigh no more
+                self.out_reason, self.out_detail = None, ""
                 self.healthy = True
             return

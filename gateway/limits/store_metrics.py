@@ -5,10 +5,16 @@
     routegate_limit_store_fallback_admissions_total      decided locally (fail_open)
     routegate_limit_store_unavailable_rejections_total   refused (fail_closed)
     routegate_limit_store_lost_settlements_total         dropped from a full replay queue
+    routegate_limit_store_out{reason}                    1 while out: unreachable or slow
+    routegate_limit_store_slow_outages_total             outages because it was too slow
+    routegate_limit_store_call_p99_seconds               its calls' p99 over the latency
+                                                         window (a histogram bound; absent
+                                                         without calls)
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,5 +39,20 @@ class StoreCollector(Collector):
                 ("unavailable_rejections", "Requests refused during an outage (fail_closed).",
                  store.rejected_unavailable),
                 ("lost_settlements", "Settlements dropped from a full replay queue.",
-                 store.lost_settlements)):
+                 store.lost_settlements),
+                ("slow_outages", "Outages because the store answered too slowly.",
+                 store.slow_outages)):
             yield CounterMetricFamily(f"routegate_limit_store_{name}", doc, value=value)
+        out = GaugeMetricFamily("routegate_limit_store_out",
+                                "1 while the shared limit store is out, by reason.",
+                                labels=["reason"])
+        for reason in ("unreachable", "slow"):
+            out.add_metric([reason], 1 if store.out_reason == reason else 0)
+        yield out
+        if store.window is not None:
+            p99 = store.window.p99_s(time.monotonic())
+            if p99 is not None:
+                yield GaugeMetricFamily("routegate_limit_store_call_p99_seconds",
+                                        "The p99 of the store's calls over the latency "
+                                        "window (the histogram bound it falls under).",
+                                        value=p99)
