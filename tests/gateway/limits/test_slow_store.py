@@ -4,10 +4,14 @@ taken back once it is fast again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
+import openai
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +21,9 @@ from gateway.limits.redis_store import RedisStore, connect
 from gateway.limits.store import BudgetLimits, Decision, Scope, StoreUnavailable
 from gateway.limits.store_latency import MIN_OVER, SLICES, LatencyBudget, LatencyWindow
 from gateway.limits.store_metrics import StoreCollector
+from tests.conftest import StartGateway, StartUpstream
 from tests.delay_proxy import DelayProxy
+from tests.gateway.limits.test_gateway_limits import ADMIN_KEY, MESSAGES, limited_policy
 from tests.redis_server import RedisServer
 
 SCOPES = (Scope("tenant", 10**6, None),)
@@ -47,14 +53,12 @@ async def admit(store: FailoverStore, request_id: str) -> Decision:
 
 
 async def timed_admissions(store: FailoverStore, n: int) -> list[float]:
-    """Seconds each of `n` admissions in a row took (a refusal counts as answered)."""
+    """Seconds each of `n` admissions in a row took."""
     took = []
     for i in range(n):
         started = time.monotonic()
-        try:
+        with contextlib.suppress(StoreUnavailable):  # refused (fail_closed): answered too
             await admit(store, f"timed-{i}")
-        except StoreUnavailable:
-            pass
         took.append(time.monotonic() - started)
     return took
 
@@ -110,7 +114,7 @@ async def test_a_redis_slower_than_the_p99_budget_is_out_then_taken_back_when_fa
     await store.aclose()
 
 
-async def test_far_away_redis_costs_a_call_timeout_once_not_every_request(
+async def test_a_far_away_redis_is_waited_for_by_three_calls_not_by_every_request(
         proxy: DelayProxy) -> None:
     """Redis 200 ms away each way: with no call over the timeout, every request used to
     wait for its round trips."""
@@ -168,3 +172,46 @@ def test_the_window_is_out_exactly_when_over_1_percent_and_3_calls_took_too_long
         expected = latency > budget_s and over >= 3 and over > 0.01 * len(live)
         assert window.observe(latency, now) == expected
         assert window.counts(now) == (len(live), over)
+
+
+async def timed_requests(client: openai.AsyncOpenAI, n: int) -> list[float]:
+    took = []
+    for _ in range(n):
+        started = time.monotonic()
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        took.append(time.monotonic() - started)
+    return took
+
+
+async def admin_get(base: str, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(
+            base + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+        return response.status, await response.text()
+
+
+async def test_the_gateway_stops_waiting_on_a_far_away_redis_and_says_it_is_out_for_slowness(
+        start_upstream: StartUpstream, start_gateway: StartGateway,
+        proxy: DelayProxy) -> None:
+    upstream = await start_upstream()
+    gateway = await start_gateway(limited_policy(upstream.url, store=proxy.url))
+    client = gateway.openai(timeout=10.0)
+    fast = await timed_requests(client, 10)
+    proxy.delay_s = 0.2  # an admission and a settlement: 0.8 s a request if waited for
+    slow = await timed_requests(client, 20)
+    assert statistics.median(slow) < statistics.median(fast) + 0.1
+    status, body = await admin_get(gateway.url, "/admin/limits")
+    report = orjson.loads(body)
+    assert status == 200 and report["up"] is False and report["out_reason"] == "slow"
+    assert report["latency"]["p99_budget_ms"] == 50
+    _, metrics = await admin_get(gateway.url, "/metrics")
+    assert 'routegate_limit_store_out{reason="slow"} 1.0' in metrics
+    assert "routegate_limit_store_slow_outages_total 1.0" in metrics
+
+    proxy.delay_s = 0.0
+    for _ in range(300):  # three probes in a row within the budget, a second apart
+        if orjson.loads((await admin_get(gateway.url, "/admin/limits"))[1])["up"]:
+            break
+        await asyncio.sleep(0.05)
+    report = orjson.loads((await admin_get(gateway.url, "/admin/limits"))[1])
+    assert report["up"] is True and report["out_reason"] is None
+    await client.close()
