@@ -279,11 +279,12 @@ class StoreLatency(FileModel):
     """How slow the shared limit store may be before it is treated as out."""
 
     p99_ms: PositiveFloat | None = 50.0
-    """Out when more than 1 % of its calls over the last `window_s` took longer than this
-    (its p99 passed it), and at least 3 did; back once three probes in a row answer within
+    """Out when, in each of `window_s` seconds in a row, more than 1 % of its calls took
+    longer than this (its p99 stayed over it); back once three probes in a row answer within
     it. none: judged by `call_timeout_ms` alone."""
-    window_s: PositiveFloat = 10.0
-    """The rolling window of calls the p99 is judged over."""
+    window_s: PositiveInt = 3
+    """Seconds in a row (each with calls) the p99 must stay over `p99_ms`: a burst that
+    slows the gateway for a moment is not an outage."""
     call_timeout_ms: PositiveInt = 1000
     """The longest a request waits on one call to the store; a call past it puts the store
     out at once (as too slow) and the request is decided as `on_store_error` says."""

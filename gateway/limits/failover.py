@@ -14,9 +14,9 @@ one by one) and when it ends, and counted.
 
 A Redis that answers, but slowly, is out too (`limits.store_latency`,
 `store_latency.py`): a call past the call timeout puts it out at once, and so does a
-p99 over the budget across the window's calls. Out for slowness, it is taken back once
-three probes in a row answer within the budget (one, after an outage where it did not
-answer at all), so a Redis still slow is not taken back to fail again.
+p99 that stays over the budget second after second. Every probe that ends an outage
+must answer within the budget, and three in a row must after the p99 put the store
+out, so a Redis still slow is not taken back to fail again.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 from gateway.limits.ledger import PeriodCache
@@ -59,7 +60,8 @@ log = logging.getLogger("routegate.limits")
 OnStoreError = Literal["fail_open", "fail_closed"]
 OutReason = Literal["unreachable", "slow"]
 MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
-FAST_PROBES_AFTER_SLOW = 3  # probes in a row within the budget that end a slowness outage
+FAST_PROBES_AFTER_SLOW_P99 = 3  # probes in a row within the budget that end an outage
+# the p99 began (one ends any other)
 
 
 @dataclass(slots=True)
@@ -108,9 +110,11 @@ class FailoverStore:
                        and latency.p99_s is not None else None)
         self._lag = LoopLag()
         self._fast_probes = 0  # probes in a row within the budget, while out
+        self._fast_probes_needed = 1  # to end the current outage
         self._down_since = 0.0
         self._unsettled: deque[_Deferred] = deque()
         self._probe: asyncio.Task[None] | None = None
+        self._settling: set[asyncio.Future[None]] = set()  # held so they are not collected
         # tenant → its Redis spend, kept for budget checks during an outage (one entry
         # per tenant the policy knows)
         self._known: dict[str, _KnownSpend] = {}
@@ -119,6 +123,8 @@ class FailoverStore:
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
         if self.healthy:
+            if self.window is not None:
+                self._lag.start()
             started = time.monotonic()
             try:
                 decision = await self.primary.admit(tenant, scopes, tokens, budget, now,
@@ -175,14 +181,13 @@ class FailoverStore:
                 "p99_budget_ms": None if self.latency.p99_s is None
                 else self.latency.p99_s * 1000,
                 "window_s": self.latency.window_s}
-            if self.window is not None:
-                calls, over = self.window.counts(now)
-                p99 = self.window.p99_s(now)
-                latency.update(calls=calls, over_budget=over,
+            if self.window is not None:  # the current second and the one before it
+                calls, over, p99 = self.window.recent(now)
+                latency.update(recent_calls=calls, recent_over_budget=over,
                                # None past the histogram's last bound (5 s) too
-                               p99_ms_at_most=None if p99 is None or p99 == float("inf")
-                               else p99 * 1000,
-                               loop_lag_ms=round(self._lag.lag_s * 1000, 3))
+                               recent_p99_ms_at_most=None if p99 is None
+                               or p99 == float("inf") else p99 * 1000,
+                               loop_lag_ms=round(self._lag.now_s(now) * 1000, 3))
             report["latency"] = latency
         return report
 
@@ -226,8 +231,20 @@ class FailoverStore:
             return
         if self.healthy:
             started = time.monotonic()
+            # Cancelled meanwhile (the request's task, again, after its client left), the
+            # call would stop wherever it was: sent or not. It runs on in a task of its
+            # own and is replayed should it fail, so a settlement once begun counts once.
+            call = asyncio.ensure_future(self.primary.settle(reservation, actual_tokens,
+                                                             charge, now))
+            self._settling.add(call)
+            call.add_done_callback(self._settling.discard)
             try:
-                await self.primary.settle(reservation, actual_tokens, charge, now)
+                await asyncio.shield(call)
+            except asyncio.CancelledError:
+                call.add_done_callback(partial(self._settled_abandoned,
+                                               _Deferred(reservation, actual_tokens, charge,
+                                                         now)))
+                raise
             except StoreUnavailable as exc:
                 self._mark_down(exc)
             else:
@@ -236,12 +253,24 @@ class FailoverStore:
                 return
         self._defer(_Deferred(reservation, actual_tokens, charge, now))
 
+    def _settled_abandoned(self, deferred: _Deferred, call: asyncio.Future[None]) -> None:
+        """A settlement whose caller was cancelled has ended: kept for replay if it failed."""
+        exc = None if call.cancelled() else call.exception()
+        if exc is None and not call.cancelled():
+            self._charged(deferred.reservation.tenant, deferred.charge.cost_micros, deferred.at)
+            return
+        if isinstance(exc, StoreUnavailable):
+            self._mark_down(exc)
+        self._defer(deferred)
+
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         if not self.healthy:  # as admissions: nothing touches Redis until the probe says
             raise StoreUnavailable("the rate limit store is unavailable")
         return await self.primary.usage(tenant, now)
 
     async def aclose(self) -> None:
+        # settlements under way finish first (each is bounded by the call timeout)
+        await asyncio.gather(*self._settling, return_exceptions=True)
         if self._probe is not None:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -263,35 +292,34 @@ class FailoverStore:
         window = self.window
         if window is None:
             return
-        self._lag.start()
         ended = time.monotonic()
-        if window.observe(ended - started - self._lag.lag_s, ended):
-            calls, over = window.counts(ended)
+        if window.observe(ended - started - self._lag.now_s(ended), ended):
             self._mark_down(StoreUnavailable(
-                f"{over} of its last {calls} calls took longer than the p99 budget of "
-                f"{(window.budget.p99_s or 0) * 1000:g} ms", slow=True))
+                f"its p99 stayed over the budget of {(window.budget.p99_s or 0) * 1000:g} ms "
+                f"for {window.budget.window_s} s", slow=True),
+                fast_probes_needed=FAST_PROBES_AFTER_SLOW_P99)
 
     def _probe_answered_in_time(self, started: float) -> bool:
         """Whether an answering probe ends the outage: within the p99 budget, and the
-        last of `FAST_PROBES_AFTER_SLOW` in a row after a slowness outage."""
+        last of `FAST_PROBES_AFTER_SLOW_P99` in a row after the p99 put the store out."""
         window = self.window
         if window is None or window.budget.p99_s is None:
             return True
-        if time.monotonic() - started - self._lag.lag_s > window.budget.p99_s:
+        ended = time.monotonic()
+        if ended - started - self._lag.now_s(ended) > window.budget.p99_s:
             self._fast_probes = 0
             return False
         self._fast_probes += 1
-        return self._fast_probes >= (FAST_PROBES_AFTER_SLOW if self.out_reason == "slow"
-                                     else 1)
+        return self._fast_probes >= self._fast_probes_needed
 
-    def _mark_down(self, exc: StoreUnavailable) -> None:
+    def _mark_down(self, exc: StoreUnavailable, fast_probes_needed: int = 1) -> None:
         if not self.healthy:
             return
+        self._fast_probes, self._fast_probes_needed = 0, fast_probes_needed
         self.healthy = False
         self.outages += 1
         self.slow_outages += exc.slow
         self.out_reason, self.out_detail = ("slow" if exc.slow else "unreachable"), str(exc)
-        self._fast_probes = 0
         self._down_since = time.monotonic()
         action = (f"deciding locally with 1/{self.fallback.share} of each limit"
                   if self.on_error == "fail_open" else "rejecting requests")

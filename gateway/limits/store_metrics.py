@@ -7,9 +7,9 @@
     routegate_limit_store_lost_settlements_total         dropped from a full replay queue
     routegate_limit_store_out{reason}                    1 while out: unreachable or slow
     routegate_limit_store_slow_outages_total             outages because it was too slow
-    routegate_limit_store_call_p99_seconds               its calls' p99 over the latency
-                                                         window (a histogram bound; absent
-                                                         without calls)
+    routegate_limit_store_call_p99_seconds               its calls' p99 over the last
+                                                         second or two (a histogram bound;
+                                                         absent without calls)
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ class StoreCollector(Collector):
             out.add_metric([reason], 1 if store.out_reason == reason else 0)
         yield out
         if store.window is not None:
-            p99 = store.window.p99_s(time.monotonic())
+            _, _, p99 = store.window.recent(time.monotonic())
             if p99 is not None:
                 yield GaugeMetricFamily("routegate_limit_store_call_p99_seconds",
-                                        "The p99 of the store's calls over the latency "
-                                        "window (the histogram bound it falls under).",
+                                        "The p99 of the store's calls over the last second "
+                                        "or two (the histogram bound it falls under).",
                                         value=p99)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from gateway.limits.failover import FailoverStore
 from gateway.limits.redis_store import RedisStore, connect
 from gateway.limits.store import BudgetLimits, Decision, Scope, StoreUnavailable
-from gateway.limits.store_latency import MIN_OVER, SLICES, LatencyBudget, LatencyWindow
+from gateway.limits.store_latency import LatencyBudget, LatencyWindow
 from gateway.limits.store_metrics import StoreCollector
 from tests.conftest import StartGateway, StartUpstream
 from tests.delay_proxy import DelayProxy
@@ -27,7 +27,8 @@ from tests.gateway.limits.test_gateway_limits import ADMIN_KEY, MESSAGES, limite
 from tests.redis_server import RedisServer
 
 SCOPES = (Scope("tenant", 10**6, None),)
-BUDGET = LatencyBudget(p99_s=0.05, window_s=5.0, call_timeout_s=1.0)
+# out once the p99 stayed over 50 ms through two clock seconds in a row: within 2 s
+BUDGET = LatencyBudget(p99_s=0.05, window_s=2, call_timeout_s=1.0)
 
 
 @pytest.fixture
@@ -86,13 +87,14 @@ async def test_a_redis_slower_than_the_p99_budget_is_out_then_taken_back_when_fa
     assert store.healthy and store.outages == 0
 
     proxy.delay_s = 0.04  # 80 ms a round trip: under the call timeout, over the budget
-    slow = await timed_admissions(store, 20)
+    slow = await timed_admissions(store, 60)
     assert not store.healthy and store.out_reason == "slow"
-    # only the calls that showed it slow waited for Redis (an admission is one call)
-    assert sum(took >= 0.08 for took in slow) == MIN_OVER
+    # the calls of the (at most) two seconds that showed it slow waited for Redis, no more
+    assert sum(took for took in slow if took >= 0.08) <= 2.3
     assert statistics.median(slow) < 0.04 + statistics.median(fast)
     status = store.status()
-    assert status["out_reason"] == "slow" and "p99 budget of 50 ms" in str(status["out_detail"])
+    assert status["out_reason"] == "slow"
+    assert "over the budget of 50 ms for 2 s" in str(status["out_detail"])
     assert metric(store, "routegate_limit_store_out", reason="slow") == 1
     assert metric(store, "routegate_limit_store_out", reason="unreachable") == 0
     assert metric(store, "routegate_limit_store_slow_outages_total") == 1
@@ -123,7 +125,7 @@ async def test_a_far_away_redis_is_waited_for_by_three_calls_not_by_every_reques
     proxy.delay_s = 0.2
     took = await timed_admissions(store, 30)
     assert store.out_reason == "slow"
-    assert sum(t >= 0.4 for t in took) == MIN_OVER
+    assert sum(t >= 0.4 for t in took) <= 6  # at most two seconds of 400 ms round trips
     assert statistics.median(took) < 0.05
     await store.aclose()
 
@@ -131,7 +133,7 @@ async def test_a_far_away_redis_is_waited_for_by_three_calls_not_by_every_reques
 async def test_a_call_past_the_call_timeout_puts_the_store_out_at_once(
         proxy: DelayProxy) -> None:
     proxy.delay_s = 0.2
-    store = behind(proxy, budget=LatencyBudget(p99_s=0.05, window_s=5.0, call_timeout_s=0.25))
+    store = behind(proxy, budget=LatencyBudget(p99_s=0.05, window_s=2, call_timeout_s=0.25))
     started = time.monotonic()
     decision = await admit(store, "first")
     assert time.monotonic() - started < 0.4  # the timeout, not the 400 ms round trip
@@ -153,25 +155,27 @@ async def test_a_redis_that_is_killed_is_out_as_unreachable_not_slow(
 
 
 @settings(max_examples=200, deadline=None)
-@given(calls=st.lists(st.tuples(st.floats(0.0, 0.2), st.floats(0.0, 2.0)), max_size=200),
-       budget_s=st.sampled_from([0.01, 0.05, 0.1]))
-def test_the_window_is_out_exactly_when_over_1_percent_and_3_calls_took_too_long(
-        calls: list[tuple[float, float]], budget_s: float) -> None:
-    """Generated calls (latency, gap before it) against a plain list of what the
-    window covers: the slices of the last `window_s`."""
-    window = LatencyWindow(LatencyBudget(p99_s=budget_s, window_s=5.0, call_timeout_s=1.0))
-    slice_s = 5.0 / SLICES
-    seen: list[tuple[int, float]] = []  # (slice, latency)
+@given(calls=st.lists(st.tuples(st.floats(0.0, 0.2), st.floats(0.0, 1.5)), max_size=200),
+       budget_s=st.sampled_from([0.01, 0.05, 0.1]), seconds=st.integers(1, 4))
+def test_the_window_is_out_exactly_when_the_p99_stayed_over_for_its_seconds_in_a_row(
+        calls: list[tuple[float, float]], budget_s: float, seconds: int) -> None:
+    """Generated calls (latency, gap before it) against a plain list of every call."""
+    window = LatencyWindow(LatencyBudget(p99_s=budget_s, window_s=seconds, call_timeout_s=1.0))
+    seen: list[tuple[int, float]] = []  # (second, latency)
     now = 1000.0
     for latency, gap in calls:
         now += gap
-        current = int(now // slice_s)
-        seen.append((current, latency))
-        live = [took for at, took in seen if at > current - SLICES]
-        over = sum(took > budget_s for took in live)
-        expected = latency > budget_s and over >= 3 and over > 0.01 * len(live)
+        seen.append((int(now), latency))
+
+        def slow(second: int) -> bool:
+            took = [t for at, t in seen if at == second]
+            return sum(t > budget_s for t in took) > 0.01 * len(took)
+
+        expected = latency > budget_s and all(slow(int(now) - back) for back in range(seconds))
         assert window.observe(latency, now) == expected
-        assert window.counts(now) == (len(live), over)
+        calls_recent, over_recent, _ = window.recent(now)
+        recent = [t for at, t in seen if at >= int(now) - 1]
+        assert (calls_recent, over_recent) == (len(recent), sum(t > budget_s for t in recent))
 
 
 async def timed_requests(client: openai.AsyncOpenAI, n: int) -> list[float]:
