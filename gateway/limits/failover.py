@@ -60,8 +60,8 @@ log = logging.getLogger("routegate.limits")
 OnStoreError = Literal["fail_open", "fail_closed"]
 OutReason = Literal["unreachable", "slow"]
 MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
-FAST_PROBES_AFTER_SLOW_P99 = 3  # probes in a row within the budget that end an outage
-# the p99 began (one ends any other)
+# probes in a row within the budget that end an outage the p99 began (one ends any other)
+FAST_PROBES_AFTER_SLOW_P99 = 3
 
 
 @dataclass(slots=True)
