@@ -197,6 +197,12 @@ class RedisStore:
                                    slow=True) from exc
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            # redis-py's own failure on a connection closed under a write (by the peer, or
+            # by the cluster client dropping a node's connections after another call
+            # failed): `'NoneType' object has no attribute 'writelines'` and kin, not a
+            # RedisError (redis/redis-py#4287). `coro` is redis-py's alone.
+            raise StoreUnavailable(f"redis: connection closed under a call ({exc})") from exc
 
     async def ping(self) -> None:
         await self._call(self.client.ping())
