@@ -1,6 +1,6 @@
 """Prometheus view of the shared limit store's health (read from the store's counters).
 
-    routegate_limit_store_up                             1 while Redis answers
+    routegate_limit_store_up                             1 while Redis answers in time
     routegate_limit_store_outages_total                  outages since start
     routegate_limit_store_fallback_admissions_total      decided locally (fail_open)
     routegate_limit_store_unavailable_rejections_total   refused (fail_closed)
@@ -30,7 +30,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         store = self.store
         yield GaugeMetricFamily("routegate_limit_store_up",
-                                "1 while the shared limit store answers.",
+                                "1 while the shared limit store answers in time.",
                                 value=1 if store.healthy else 0)
         for name, doc, value in (
                 ("outages", "Outages of the shared limit store.", store.outages),
