@@ -1,4 +1,4 @@
-"""What happens to limits when Redis is unreachable: `on_store_error` from the policy.
+"""What happens to limits when Redis is unreachable or too slow: `on_store_error`.
 
 `fail_closed` rejects while the store is down; `fail_open` decides locally with
 this replica's share of every limit (`limit // replicas`), so N replicas
@@ -11,6 +11,12 @@ one outage, not a "back"/"unavailable" flap as stale connections fail one by one
 outage is logged when it starts, once per `log_interval_s` while it lasts (with
 the count of requests decided locally or refused meanwhile; they are not logged
 one by one) and when it ends, and counted.
+
+A Redis that answers, but slowly, is out too (`limits.store_latency`,
+`store_latency.py`): a call past the call timeout puts it out at once, and so does a
+p99 that stays over the budget second after second. Every probe that ends an outage
+must answer within the budget, and three in a row must after the p99 put the store
+out, so a Redis still slow is not taken back to fail again.
 
 Settlements that could not reach Redis, and the spend of requests admitted
 locally, are kept in a bounded queue and replayed into the Redis ledger when
@@ -31,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 from gateway.limits.ledger import PeriodCache
@@ -46,11 +53,15 @@ from gateway.limits.store import (
     StoreUnavailable,
     TenantUsage,
 )
+from gateway.limits.store_latency import LatencyBudget, LatencyWindow, LoopLag
 
 log = logging.getLogger("routegate.limits")
 
 OnStoreError = Literal["fail_open", "fail_closed"]
+OutReason = Literal["unreachable", "slow"]
 MAX_UNSETTLED = 100_000  # settlements kept for replay during an outage (oldest dropped)
+# probes in a row within the budget that end an outage the p99 began (one ends any other)
+FAST_PROBES_AFTER_SLOW_P99 = 3
 
 
 @dataclass(slots=True)
@@ -79,7 +90,7 @@ class FailoverStore:
 
     def __init__(self, primary: RedisStore, *, on_error: OnStoreError = "fail_open",
                  replicas: int = 1, probe_interval_s: float = 1.0,
-                 log_interval_s: float = 10.0) -> None:
+                 log_interval_s: float = 10.0, latency: LatencyBudget | None = None) -> None:
         self.primary = primary
         self.fallback = MemoryStore(name="fallback", share=replicas)
         self.on_error = on_error
@@ -90,9 +101,20 @@ class FailoverStore:
         self.fallback_admissions = 0  # admissions decided locally (fail_open)
         self.rejected_unavailable = 0  # admissions refused (fail_closed)
         self.lost_settlements = 0  # dropped from a full replay queue
+        self.slow_outages = 0  # outages because it answered too slowly
+        self.out_reason: OutReason | None = None  # while out
+        self.out_detail = ""  # what put it out, while out
+        self.latency = latency
+        # the p99 judgement (None: calls are bounded by the primary's timeout alone)
+        self.window = (LatencyWindow(latency) if latency is not None
+                       and latency.p99_s is not None else None)
+        self._lag = LoopLag()
+        self._fast_probes = 0  # probes in a row within the budget, while out
+        self._fast_probes_needed = 1  # to end the current outage
         self._down_since = 0.0
         self._unsettled: deque[_Deferred] = deque()
         self._probe: asyncio.Task[None] | None = None
+        self._settling: set[asyncio.Future[None]] = set()  # held so they are not collected
         # tenant → its Redis spend, kept for budget checks during an outage (one entry
         # per tenant the policy knows)
         self._known: dict[str, _KnownSpend] = {}
@@ -101,6 +123,9 @@ class FailoverStore:
     async def admit(self, tenant: str, scopes: Sequence[Scope], tokens: int,
                     budget: BudgetLimits, now: float, request_id: str) -> Decision:
         if self.healthy:
+            if self.window is not None:
+                self._lag.start()
+            started = time.monotonic()
             try:
                 decision = await self.primary.admit(tenant, scopes, tokens, budget, now,
                                                     request_id)
@@ -113,6 +138,7 @@ class FailoverStore:
                     self._defer(_Deferred(exc.reservation, 0, Charge(), now, release=True))
             else:
                 self._learnt(tenant, decision, now)
+                self._timed(started)
                 return decision
         if self.on_error == "fail_closed":
             self.rejected_unavailable += 1
@@ -137,6 +163,33 @@ class FailoverStore:
                 rejection, limit=(budget.day_micros if daily else budget.month_micros) or 0,
                 used=decision.spent_day_micros if daily else decision.spent_month_micros)
         return decision
+
+    def status(self) -> dict[str, object]:
+        """What `GET /admin/limits` reports: up or out (and why), and the latency window."""
+        now = time.monotonic()
+        report: dict[str, object] = {
+            "store": self.name, "up": self.healthy, "on_store_error": self.on_error,
+            "out_reason": self.out_reason, "out_detail": self.out_detail or None,
+            "out_for_s": None if self.healthy else round(now - self._down_since, 3),
+            "outages": self.outages, "slow_outages": self.slow_outages,
+            "fallback_admissions": self.fallback_admissions,
+            "unavailable_rejections": self.rejected_unavailable,
+            "unsettled": len(self._unsettled), "lost_settlements": self.lost_settlements}
+        if self.latency is not None:
+            latency: dict[str, object] = {
+                "call_timeout_ms": self.latency.call_timeout_s * 1000,
+                "p99_budget_ms": None if self.latency.p99_s is None
+                else self.latency.p99_s * 1000,
+                "window_s": self.latency.window_s}
+            if self.window is not None:  # the current second and the one before it
+                calls, over, p99 = self.window.recent(now)
+                latency.update(recent_calls=calls, recent_over_budget=over,
+                               # None past the histogram's last bound (5 s) too
+                               recent_p99_ms_at_most=None if p99 is None
+                               or p99 == float("inf") else p99 * 1000,
+                               loop_lag_ms=round(self._lag.now_s(now) * 1000, 3))
+            report["latency"] = latency
+        return report
 
     def _learnt(self, tenant: str, decision: Decision, now: float) -> None:
         """Redis's figures from an admission (kept in place: one per tenant)."""
@@ -177,14 +230,38 @@ class FailoverStore:
                                   now))
             return
         if self.healthy:
+            started = time.monotonic()
+            # Cancelled meanwhile (the request's task, again, after its client left), the
+            # call would stop wherever it was: sent or not. It runs on in a task of its
+            # own and is replayed should it fail, so a settlement once begun counts once.
+            call = asyncio.ensure_future(self.primary.settle(reservation, actual_tokens,
+                                                             charge, now))
+            self._settling.add(call)
+            call.add_done_callback(self._settling.discard)
             try:
-                await self.primary.settle(reservation, actual_tokens, charge, now)
+                await asyncio.shield(call)
+            except asyncio.CancelledError:
+                call.add_done_callback(partial(self._settled_abandoned,
+                                               _Deferred(reservation, actual_tokens, charge,
+                                                         now)))
+                raise
             except StoreUnavailable as exc:
                 self._mark_down(exc)
             else:
                 self._charged(reservation.tenant, charge.cost_micros, now)
+                self._timed(started)
                 return
         self._defer(_Deferred(reservation, actual_tokens, charge, now))
+
+    def _settled_abandoned(self, deferred: _Deferred, call: asyncio.Future[None]) -> None:
+        """A settlement whose caller was cancelled has ended: kept for replay if it failed."""
+        exc = None if call.cancelled() else call.exception()
+        if exc is None and not call.cancelled():
+            self._charged(deferred.reservation.tenant, deferred.charge.cost_micros, deferred.at)
+            return
+        if isinstance(exc, StoreUnavailable):
+            self._mark_down(exc)
+        self._defer(deferred)
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         if not self.healthy:  # as admissions: nothing touches Redis until the probe says
@@ -192,10 +269,13 @@ class FailoverStore:
         return await self.primary.usage(tenant, now)
 
     async def aclose(self) -> None:
+        # settlements under way finish first (each is bounded by the call timeout)
+        await asyncio.gather(*self._settling, return_exceptions=True)
         if self._probe is not None:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
+        await self._lag.aclose()
         await self.primary.aclose()
 
     def _defer(self, deferred: _Deferred) -> None:
@@ -206,15 +286,46 @@ class FailoverStore:
         if self.healthy:  # a local admission settled after Redis came back
             self._start_probe()
 
-    def _mark_down(self, exc: StoreUnavailable) -> None:
+    def _timed(self, started: float) -> None:
+        """Judge a call that answered: the store goes out when its p99 passes the budget
+        (what the event loop's own lag added is not the store's)."""
+        window = self.window
+        if window is None:
+            return
+        ended = time.monotonic()
+        if window.observe(ended - started - self._lag.now_s(ended), ended):
+            self._mark_down(StoreUnavailable(
+                f"its p99 stayed over the budget of {(window.budget.p99_s or 0) * 1000:g} ms "
+                f"for {window.budget.window_s} s", slow=True),
+                fast_probes_needed=FAST_PROBES_AFTER_SLOW_P99)
+
+    def _probe_answered_in_time(self, started: float) -> bool:
+        """Whether an answering probe ends the outage: within the p99 budget, and the
+        last of `FAST_PROBES_AFTER_SLOW_P99` in a row after the p99 put the store out."""
+        window = self.window
+        if window is None or window.budget.p99_s is None:
+            return True
+        ended = time.monotonic()
+        if ended - started - self._lag.now_s(ended) > window.budget.p99_s:
+            self._fast_probes = 0
+            return False
+        self._fast_probes += 1
+        return self._fast_probes >= self._fast_probes_needed
+
+    def _mark_down(self, exc: StoreUnavailable, fast_probes_needed: int = 1) -> None:
         if not self.healthy:
             return
+        self._fast_probes, self._fast_probes_needed = 0, fast_probes_needed
         self.healthy = False
         self.outages += 1
+        self.slow_outages += exc.slow
+        self.out_reason, self.out_detail = ("slow" if exc.slow else "unreachable"), str(exc)
         self._down_since = time.monotonic()
         action = (f"deciding locally with 1/{self.fallback.share} of each limit"
                   if self.on_error == "fail_open" else "rejecting requests")
-        log.warning("rate limit store unavailable, %s until it answers: %s", action, exc)
+        log.warning("rate limit store %s, %s until it answers%s: %s",
+                    "too slow" if exc.slow else "unavailable", action,
+                    " in time" if exc.slow else "", exc)
         self._start_probe()
 
     def _start_probe(self) -> None:
@@ -239,7 +350,10 @@ class FailoverStore:
                                 "decided locally" if self.on_error == "fail_open"
                                 else "refused")
             try:
+                started = time.monotonic()
                 await self.primary.ping()
+                if not self.healthy and not self._probe_answered_in_time(started):
+                    continue  # it answers, but still too slowly to be used
                 while self._unsettled:
                     item = self._unsettled[0]
                     if item.release:
@@ -260,5 +374,8 @@ class FailoverStore:
                 await self.primary.drop_connections()
                 log.warning("rate limit store is back after %.1f s; using it again",
                             time.monotonic() - self._down_since)
+                if self.window is not None:
+                    self.window.clear()  # the calls that put it out weigh no more
+                self.out_reason, self.out_detail = None, ""
                 self.healthy = True
             return

@@ -1,7 +1,9 @@
 """Limits in the app: the admission hook, headers on every response, `/admin/usage`.
 
     GET /admin/usage?tenant=acme   requests, tokens and spend this day and month
-                                   (admin key; 503 while a Redis store is unreachable)
+                                   (admin key; 503 while a Redis store is out)
+    GET /admin/limits              the limit store: up, or out and why (unreachable,
+                                   slow), and its calls' latency (admin key)
 
 The admission puts the `x-ratelimit-*` headers in the request's `response_headers`,
 so they reach every response of an admitted request — JSON, streamed, or an error
@@ -45,6 +47,7 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     live.pin("limits.store", lambda policy: store_url(policy.file.limits, redis_url))
     live.pin("limits.on_store_error", lambda policy: policy.file.limits.on_store_error)
     live.pin("limits.replicas", lambda policy: policy.file.limits.replicas)
+    live.pin("limits.store_latency", lambda policy: policy.file.limits.store_latency)
     limiter = Limiter(store) if clock is None else Limiter(store, clock=clock)
     if isinstance(store, FailoverStore):
         hooks.telemetry.metrics.registry.register(StoreCollector(store))
@@ -53,6 +56,7 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     hooks.admission = LimitsAdmission(limiter)
     app.cleanup_ctx.append(_close_store)
     app.router.add_get("/admin/usage", get_usage)
+    app.router.add_get("/admin/limits", get_limits)
     return limiter
 
 
@@ -72,4 +76,12 @@ async def get_usage(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         raise LimitStoreUnavailable("Usage cannot be read: the limit store is unavailable.") \
             from exc
+    return web.Response(body=orjson.dumps(report), content_type="application/json")
+
+
+async def get_limits(request: web.Request) -> web.Response:
+    require_admin(request, request.app[_LIVE].current)
+    store = request.app[LIMITER].store
+    report = store.status() if isinstance(store, FailoverStore) \
+        else {"store": store.name, "up": True}
     return web.Response(body=orjson.dumps(report), content_type="application/json")

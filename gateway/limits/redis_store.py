@@ -43,6 +43,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.limits.ledger import PeriodCache, Periods
 from gateway.limits.redis_topology import (
@@ -143,8 +144,8 @@ class AdmissionUnknown(StoreUnavailable):
     """The admission's call failed: Redis may have admitted it all the same (a reply
     lost to a timeout). `reservation` is what it would have admitted, for a release."""
 
-    def __init__(self, message: str, reservation: Reservation) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, reservation: Reservation, *, slow: bool = False) -> None:
+        super().__init__(message, slow=slow)
         self.reservation = reservation
 
 
@@ -191,8 +192,17 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._op_timeout_s):
                 return await coro
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisTimeoutError, TimeoutError) as exc:  # the socket's, or ours
+            raise StoreUnavailable(f"redis: no answer in time ({type(exc).__name__}: {exc})",
+                                   slow=True) from exc
+        except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            # redis-py's own failure on a connection closed under a write (by the peer, or
+            # by the cluster client dropping a node's connections after another call
+            # failed): `'NoneType' object has no attribute 'writelines'` and kin, not a
+            # RedisError (redis/redis-py#4287). `coro` is redis-py's alone.
+            raise StoreUnavailable(f"redis: connection closed under a call ({exc})") from exc
 
     async def ping(self) -> None:
         await self._call(self.client.ping())
@@ -236,7 +246,7 @@ class RedisStore:
         except StoreUnavailable as exc:
             pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
                                   handle=receipt)
-            raise AdmissionUnknown(str(exc), pending) from exc
+            raise AdmissionUnknown(str(exc), pending, slow=exc.slow) from exc
         verdict = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         which, spent_day, spent_month = int(reply[1]), int(reply[2]), int(reply[3])
         if verdict in ("budget_day", "budget_month"):

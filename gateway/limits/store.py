@@ -30,6 +30,10 @@ StoreName = Literal["memory", "redis", "fallback"]
 class StoreUnavailable(Exception):
     """The shared store could not answer in time (Redis down, timeout, loading)."""
 
+    def __init__(self, message: str, *, slow: bool = False) -> None:
+        super().__init__(message)
+        self.slow = slow  # it did not answer in time, rather than not at all
+
 
 @dataclass(frozen=True, slots=True)
 class Scope:

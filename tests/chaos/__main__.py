@@ -13,6 +13,7 @@ import yaml
 from tests.chaos.scenarios import SCENARIOS
 from tests.chaos.suite import HEADER, TOLERANCE, Chaos, Line, policy, running_gateway, wait_ready
 from tests.chaos.upstream import ChaosUpstream
+from tests.delay_proxy import DelayProxy
 from tests.redis_server import RedisServer, find_redis_server
 
 WARM_UP = 200  # requests of every plain kind before the starting figures are taken
@@ -32,15 +33,21 @@ async def run_suite(short: bool, workdir: Path, out: list[Line]) -> tuple[float,
     port = await upstream.start()
     binary = find_redis_server()
     redis = RedisServer(binary, workdir) if binary else None
+    proxy = None
     if redis is not None:
         redis.start()
+        # the gateway reaches Redis through a proxy that can move it far away (slow Redis)
+        proxy = DelayProxy(redis.port)
+        await proxy.start()
     try:
-        pooled = frozenset({port, *([redis.port] if redis else [])})
-        text = yaml.safe_dump(policy(port, redis.url if redis else None,
+        pooled = frozenset({port, *([redis.port] if redis else []),
+                            *([proxy.port] if proxy else [])})
+        text = yaml.safe_dump(policy(port, proxy.url if proxy else None,
                                      launch_local=not short))
         with running_gateway(text, workdir, pooled) as gateway:
             await wait_ready(gateway)
             chaos = Chaos(gateway, upstream, redis, concurrency=12 if short else 32)
+            chaos.redis_proxy = proxy
             n = 12 if short else 100
             try:
                 for stream in (True, False):  # imports, caches, pools: in before the start
@@ -61,6 +68,8 @@ async def run_suite(short: bool, workdir: Path, out: list[Line]) -> tuple[float,
             return start
     finally:
         await upstream.stop()
+        if proxy is not None:
+            await proxy.stop()
         if redis is not None:
             redis.stop()
 

@@ -215,3 +215,42 @@ SCENARIOS.update(FRAMING_SCENARIOS)
 
 # -- the client side's scenarios (tests/chaos/client_edges.py) --------------------------
 SCENARIOS.update(CLIENT_EDGE_SCENARIOS)
+
+# Slow Redis (`limits.store_latency`): the gateway reaches Redis through a delaying proxy
+# (`tests/delay_proxy.py`), near but for this scenario.
+SLOW_REDIS_DELAY_S = 0.2  # each way: 400 ms a round trip, under the 1 s call timeout
+
+
+async def redis_far_away(chaos: Chaos, n: int) -> list[str]:
+    """Redis 200 ms away each way while requests run: the limit store must go out for
+    slowness (fail_open: requests decided locally, none waiting on it), and be taken
+    back once Redis is near again. Each of those not seen is a lost outcome."""
+    proxy = chaos.redis_proxy
+    if proxy is None:
+        return []
+    proxy.delay_s = SLOW_REDIS_DELAY_S
+    try:
+        outcomes = await chaos.requests(n * 4, "healthy", False)
+        out_for_slowness = await _store_metric_reaches(
+            chaos, 'routegate_limit_store_out{reason="slow"} 1.0', 5.0)
+    finally:
+        proxy.delay_s = 0.0
+    back = await _store_metric_reaches(chaos, "routegate_limit_store_up 1.0", 15.0)
+    if not out_for_slowness:
+        outcomes.append(f"{clients.LOST}: the store was never out for slowness")
+    if not back:
+        outcomes.append(f"{clients.LOST}: the store was not taken back")
+    return outcomes
+
+
+async def _store_metric_reaches(chaos: Chaos, line: str, timeout_s: float) -> bool:
+    metrics = f"http://127.0.0.1:{chaos.gateway.port}/metrics"
+    for _ in range(int(timeout_s / 0.1)):
+        async with chaos.session.get(metrics) as reply:
+            if line in (await reply.text()).splitlines():
+                return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+SCENARIOS["redis 200 ms away"] = redis_far_away

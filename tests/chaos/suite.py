@@ -27,6 +27,7 @@ import aiohttp
 
 from tests.chaos import clients
 from tests.chaos.upstream import FRAMING_FAULTS, ChaosUpstream
+from tests.delay_proxy import DelayProxy
 from tests.ports import free_port
 from tests.redis_server import RedisServer
 
@@ -197,6 +198,7 @@ class Chaos:
         self.gateway = gateway
         self.upstream = upstream
         self.redis = redis
+        self.redis_proxy: DelayProxy | None = None  # Redis as the gateway reaches it
         self.concurrency = concurrency
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=concurrency))
