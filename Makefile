@@ -19,7 +19,7 @@ LOCK := requirements.lock
 VENV_LOCK := .venv-lock
 VENV_LATEST := .venv-latest
 
-.PHONY: run test test-latest chaos lint bench lock clean
+.PHONY: run test test-latest chaos lint bench perf-guard lock clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,11 @@ bench: $(STAMP_TEST)
 	$(PY) bench/overhead.py
 	$(PY) bench/routing.py
 	$(PY) bench/engine.py
+
+# instructions per request of the hot path (JSON, stream, traced, Redis limits) against
+# bench/baseline.json; fails when one grew more than 5 % (needs valgrind; CI runs it)
+perf-guard: $(STAMP_TEST)
+	$(PY) bench/guard.py
 
 clean:
 	rm -rf $(VENV) $(VENV_LATEST) $(VENV_LOCK) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -34,7 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadgen import (  # bench/ is this script's folder
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.loadgen import (
     KEY,
     Result,
     cpu_seconds,

@@ -1,0 +1,90 @@
+"""The hot path's regression guard: instructions per request against a committed baseline.
+
+CI runs this (`make perf-guard`, from `.ci/run`) so a change that makes the request path
+slower cannot land unseen. It counts, with `bench/instructions.py` (valgrind, one run),
+the hot-path probes — a whole JSON response, a streamed one, every request traced, rate
+limits kept in Redis — and divides each by the bare aiohttp proxy's count for the same
+kind of request measured in the same run. The ratio, not the raw count, is compared with
+`bench/baseline.json`: it carries over between machines and interpreter builds that
+change both sides alike. A probe whose ratio grew more than `--tolerance` (5 %) fails
+the run; instruction counts repeat within 1–2 % (docs/benchmarks.md), wall time would not.
+
+The baseline is updated deliberately, in the commit that justifies the change:
+
+    .venv/bin/python bench/guard.py             # check (exit 1 on a regression)
+    .venv/bin/python bench/guard.py --update    # measure and rewrite bench/baseline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.instructions import PROBES, TRACED, measure
+
+BASELINE = Path(__file__).resolve().parent / "baseline.json"
+GUARDED = ("routegate", "routegate stream", TRACED, "routegate redis")
+REQUESTS = 600
+TOLERANCE = 0.05
+
+
+def ratios(counts: dict[str, int]) -> dict[str, float]:
+    """Each guarded probe's instructions per request over its bare proxy's."""
+    return {name: counts[name] / counts[PROBES[name].baseline] for name in GUARDED}
+
+
+def regressions(now: dict[str, float], baseline: dict[str, float],
+                tolerance: float) -> list[str]:
+    """One line per probe whose ratio grew past `tolerance`, or that has no baseline."""
+    found = []
+    for name, ratio in now.items():
+        before = baseline.get(name)
+        if before is None:
+            found.append(f"{name}: no baseline (run bench/guard.py --update)")
+        elif ratio > before * (1 + tolerance):
+            found.append(f"{name}: {ratio:.3f}× the bare proxy, baseline {before:.3f}× "
+                         f"(+{100 * (ratio / before - 1):.1f} %, tolerance "
+                         f"{100 * tolerance:g} %)")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--update", action="store_true",
+                        help="rewrite the baseline with this run's ratios")
+    parser.add_argument("--requests", type=int, default=REQUESTS)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+                        help="the growth that fails, as a fraction (0.05: 5 %%)")
+    args = parser.parse_args(argv)
+    [counts] = measure([PROBES[name] for name in GUARDED], args.requests, rounds=1)
+    now = ratios(counts)
+    stored = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    baseline = stored.get("ratios", {})
+    print(f"instructions per request, {args.requests} requests "
+          f"(ratio: over the bare proxy's for the same kind of request)")
+    for name in GUARDED:
+        before = baseline.get(name)
+        change = f"{100 * (now[name] / before - 1):+6.1f} %" if before else "   (new)"
+        print(f"  {name:18} {counts[name]:>10,}   {now[name]:.3f}×   baseline "
+              f"{before or float('nan'):.3f}×  {change}")
+    if args.update:
+        BASELINE.write_text(json.dumps({
+            "measured": date.today().isoformat(), "requests": args.requests,
+            "instructions": counts, "ratios": {k: round(v, 4) for k, v in now.items()},
+        }, indent=2) + "\n")
+        print(f"baseline written to {BASELINE}")
+        return 0
+    found = regressions(now, baseline, args.tolerance)
+    for line in found:
+        print(f"REGRESSION {line}")
+    print("perf guard: " + ("FAILED" if found else "passed"))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
