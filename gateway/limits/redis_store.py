@@ -42,10 +42,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.limits.ledger import PeriodCache, Periods
+from gateway.limits.redis_batch import ScriptBatch
 from gateway.limits.redis_topology import (
     CLUSTER_CONNECTIONS_PER_NODE,
     CLUSTER_SCHEME,
@@ -161,6 +163,9 @@ class RedisStore:
                            if isinstance(client, RedisCluster) else None)
         self._loading = asyncio.Lock()
         self._scripts_loaded = False
+        # calls of one event-loop turn in one pipeline (redis_batch.py); a cluster's
+        # calls go one by one
+        self.batch = ScriptBatch(client) if isinstance(client, aioredis.Redis) else None
         self._admit = client.register_script(_script("admit.lua"))
         self._settle = client.register_script(_script("settle.lua"))
         self._release = client.register_script(_script("release.lua"))
@@ -188,10 +193,22 @@ class RedisStore:
                     await self._timed(self.client.script_load(script.script))
                 self._scripts_loaded = True
 
-    async def _timed(self, coro: Any) -> Any:
+    def _start(self, script: AsyncScript, keys: list[str],
+               args: list[int | str]) -> asyncio.Future[Any]:
+        """A script call under way, whatever becomes of its caller: the batch's future, or
+        (a cluster) a task of its own."""
+        if self.batch is not None:
+            return self.batch.call(script, keys, args)
+        return asyncio.ensure_future(self._call(script(keys=keys, args=args)))
+
+    async def _timed(self, awaitable: Any) -> Any:
+        """`awaitable` within `op_timeout_s`, Redis's failures as `StoreUnavailable` (a
+        call under way is shielded: it runs on for the others in its batch)."""
+        if isinstance(awaitable, asyncio.Future):
+            awaitable = asyncio.shield(awaitable)
         try:
             async with asyncio.timeout(self._op_timeout_s):
-                return await coro
+                return await awaitable
         except (RedisTimeoutError, TimeoutError) as exc:  # the socket's, or ours
             raise StoreUnavailable(f"redis: no answer in time ({type(exc).__name__}: {exc})",
                                    slow=True) from exc
@@ -201,7 +218,7 @@ class RedisStore:
             # redis-py's own failure on a connection closed under a write (by the peer, or
             # by the cluster client dropping a node's connections after another call
             # failed): `'NoneType' object has no attribute 'writelines'` and kin, not a
-            # RedisError (redis/redis-py#4287). `coro` is redis-py's alone.
+            # RedisError (redis/redis-py#4287). `awaitable` is redis-py's alone.
             raise StoreUnavailable(f"redis: connection closed under a call ({exc})") from exc
 
     async def ping(self) -> None:
@@ -235,9 +252,9 @@ class RedisStore:
         # admitted it: the call runs on in a task of its own, and what it admitted is
         # released (cutting it short would only leave that unknown, and drop the
         # connection mid-reply).
-        call = asyncio.ensure_future(self._call(self._admit(keys=keys, args=args)))
+        call = self._start(self._admit, keys, args)
         try:
-            reply = await asyncio.shield(call)
+            reply = await self._timed(call)
         except asyncio.CancelledError:
             pending = Reservation(request_id, tenant, tuple(scopes), tokens, now, self.name,
                                   handle=receipt)
@@ -314,7 +331,7 @@ class RedisStore:
             self._receipt(reservation).number, actual_tokens - reservation.tokens,
             charge.input_tokens, charge.output_tokens, charge.cost_micros,
             DAY_TTL_MS, MONTH_TTL_MS, int(charge.refund_request), *counted_in_ms(reservation)]
-        await self._call(self._settle(keys=keys, args=args))
+        await self._timed(self._start(self._settle, keys, args))
 
     async def release(self, reservation: Reservation, now: float) -> None:
         """An admitted request that will never run: its tokens leave the windows, it
@@ -327,7 +344,7 @@ class RedisStore:
         args: list[int | str] = [
             to_ms(now), WINDOW_MS, SCOPE_TTL_MS, RECEIPTS_TTL_MS, RECEIPT_SLOTS,
             reservation.handle.number, reservation.tokens, *counted_in_ms(reservation)]
-        await self._call(self._release(keys=keys, args=args))
+        await self._timed(self._start(self._release, keys, args))
 
     async def usage(self, tenant: str, now: float) -> TenantUsage:
         periods = self._periods.at(now)
@@ -339,6 +356,8 @@ class RedisStore:
         return TenantUsage(tenant, _period(periods.day, day), _period(periods.month, month))
 
     async def aclose(self) -> None:
+        if self.batch is not None:
+            await self.batch.aclose()
         if isinstance(self.client, RedisCluster):
             await self.client.aclose()
         else:
