@@ -50,7 +50,19 @@ SERVICE_MONITOR = {
                     "type": "object", "additionalProperties": False,
                     "properties": {"port": {"type": "string"}, "path": {"type": "string"},
                                    "interval": {"type": "string",
-                                                "pattern": "^[0-9]+(ms|s|m|h)$"}}}},
+                                                "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                   # the CRD's SafeAuthorization: a Secret's key
+                                   "authorization": {
+                                       "type": "object", "additionalProperties": False,
+                                       "properties": {
+                                           "type": {"type": "string"},
+                                           "credentials": {
+                                               "type": "object", "required": ["key"],
+                                               "additionalProperties": False,
+                                               "properties": {
+                                                   "name": {"type": "string"},
+                                                   "key": {"type": "string"},
+                                                   "optional": {"type": "boolean"}}}}}}}},
             },
         },
     },
