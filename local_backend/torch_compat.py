@@ -42,6 +42,12 @@ def has_mkldnn_linear() -> bool:
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
 
 
+def has_mkldnn_bf16_linear() -> bool:
+    """oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
+    elsewhere (an AVX2-only CPU) `_reorder_linear_weight` raises for them."""
+    return has_mkldnn_linear() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def mkldnn_pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
     """weight [out, in] fp32/bf16 → an opaque oneDNN layout tuned for `batch_hint` rows."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
