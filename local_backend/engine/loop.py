@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.params import SamplingParams
-from local_backend.engine.runner import ModelRunner
+from local_backend.engine.runner import Backend, ModelRunner
 from local_backend.engine.sampler import Sampler, TokenLogprob
 from local_backend.engine.scheduler import Scheduler
 from local_backend.engine.sequence import Sequence, Timings
@@ -47,6 +47,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per step: decode tokens + prefill chunks
     max_model_len: int = 2048
     prefix_caching: bool = True
+    attention: Backend = "sdpa"  # the runner's attention (engine/runner.py)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,10 @@ class Engine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(model, num_blocks=config.num_blocks, block_size=config.block_size)
+        self.runner = ModelRunner(
+            model, num_blocks=config.num_blocks, block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, attention=config.attention)
         self.sampler = Sampler()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()
