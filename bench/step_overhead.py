@@ -1,7 +1,8 @@
 """The engine's per-step time outside the model, at N decoding streams, under torch's profiler.
 
     .venv/bin/python bench/step_overhead.py [--model smollm2-135m-instruct|demo|PATH]
-        [--streams 16] [--steps 64] [--threads 2] [--weights auto] [--attention sdpa|flex]
+        [--streams 16] [--steps 64] [--threads 2] [--weights auto] [--num-blocks 1024]
+        [--attention sdpa|flex|flex-compiled]
 
 Runs the engine's own step (scheduler → model runner → sampler) in this process, no HTTP
 and no engine thread, over `--streams` sequences that all decode. Each step is one
@@ -31,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 from local_backend.checkpoint import load_checkpoint  # noqa: E402
 from local_backend.engine.loop import Engine, EngineConfig  # noqa: E402
 from local_backend.engine.params import SamplingParams  # noqa: E402
+from local_backend.engine.runner import Backend  # noqa: E402
 from local_backend.engine.sequence import Sequence, Timings  # noqa: E402
+from local_backend.model.llama import LlamaForCausalLM  # noqa: E402
 
 
 class Timed(nn.Module):
@@ -53,7 +56,7 @@ class Timed(nn.Module):
         """The head counts as model time too (added to the step's forward time)."""
         start = time.perf_counter()
         with record_function("model_forward"):
-            out = self.inner.logits(hidden)
+            out = typing.cast(LlamaForCausalLM, self.inner).logits(hidden)
         self.seconds[-1] += time.perf_counter() - start
         return typing.cast(torch.Tensor, out)
 
@@ -79,7 +82,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--attention", default=None, help="the runner's attention backend")
+    parser.add_argument("--attention", default="sdpa", choices=typing.get_args(Backend),
+                        help="the runner's attention path")
+    parser.add_argument("--num-blocks", type=int, default=1024, help="KV cache blocks")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -87,10 +92,9 @@ def main() -> int:
     weights = None if args.weights == "fp32" else args.weights
     checkpoint = load_checkpoint(args.model, cache, weights=weights)
     model = checkpoint.model
-    config = EngineConfig(max_num_seqs=max(32, args.streams), num_blocks=1024,
-                          max_num_batched_tokens=4096)
-    extra = {} if args.attention is None else {"attention": args.attention}
-    engine = Engine(model, checkpoint.tokenizer, config, **extra)  # type: ignore[arg-type]
+    config = EngineConfig(max_num_seqs=max(32, args.streams), num_blocks=args.num_blocks,
+                          max_num_batched_tokens=4096, attention=args.attention)
+    engine = Engine(model, checkpoint.tokenizer, config)
     timed = Timed(engine.runner.model)
     engine.runner.model = timed  # type: ignore[assignment]
     rng = random.Random(0)
