@@ -48,6 +48,7 @@ class EngineConfig:
     max_model_len: int = 2048
     prefix_caching: bool = True
     attention: Backend = "sdpa"  # the runner's attention (engine/runner.py)
+    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA and sdpa only)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class Engine:
         self.runner = ModelRunner(
             model, num_blocks=config.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, attention=config.attention)
+            max_num_batched_tokens=config.max_num_batched_tokens, attention=config.attention,
+            cuda_graphs=config.cuda_graphs)
         self.sampler = Sampler()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()

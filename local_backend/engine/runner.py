@@ -7,6 +7,8 @@ from typing import Literal
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from local_backend.engine.capacity import kv_bytes_per_block
+from local_backend.engine.cuda_graphs import DecodeGraphs, decode_buckets
 from local_backend.engine.flex_attention import FlexFn, FlexPagedAttention, build_block_mask
 from local_backend.engine.paged_attention import AttentionMetadata, PagedAttention, PrefillChunk
 from local_backend.engine.sequence import Sequence
@@ -23,13 +25,15 @@ class ModelRunner:
     def __init__(
         self, model: LlamaForCausalLM, *, num_blocks: int, block_size: int,
         max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-        attention: Backend = "sdpa",
+        attention: Backend = "sdpa", cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         config = model.config
         self.device, self.dtype = model.model.norm.weight.device, model.cache_dtype
         self.block_size = block_size
-        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        graphs = cuda_graphs and self.device.type == "cuda" and attention == "sdpa"
+        # With graphs, one more block than the manager knows of: the padding rows' sink.
+        shape = (num_blocks + graphs, block_size, config.num_key_value_heads, config.head_dim)
         self.k_cache = [
             torch.zeros(shape, device=self.device, dtype=self.dtype)
             for _ in range(config.num_hidden_layers)
@@ -45,15 +49,18 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.attention = attention
         self.flex: FlexFn = flex_attention
+        self.graphs = DecodeGraphs(
+            self.model, self.k_cache, self.v_cache, buckets=decode_buckets(max_num_seqs),
+            max_blocks=max_blocks, block_size=block_size, scale=self.scale,
+            hidden_size=config.hidden_size, dtype=model.compute_dtype,
+        ) if graphs else None
         if attention == "flex-compiled":
             # Shapes change every step: one dynamic graph rather than one per token count.
             self.flex = torch.compile(flex_attention, dynamic=True)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
-        c = model.config
-        element = model.cache_dtype.itemsize
-        return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * c.head_dim * element
+        return kv_bytes_per_block(model, block_size)
 
     @torch.inference_mode()
     def execute(self, seqs: list[Sequence], num_new: list[int]) -> tuple[torch.Tensor, list[int]]:
@@ -87,6 +94,12 @@ class ModelRunner:
                 sample_rows.append(row)
                 sampled.append(index)
         step = self.inputs.write(tokens, begins, tables, sample_rows)
+        graphs = self.graphs
+        if graphs is not None and num_decodes == step.num_rows and graphs.fits(
+                step.num_rows, step.width):
+            hidden = graphs.run(step.input_ids, step.positions, step.slot_mapping,
+                                step.block_tables, step.context_lens)
+            return self.model.logits(hidden.index_select(0, step.sample_rows)), sampled
         attn: Attention
         if self.attention == "sdpa":
             attn = PagedAttention(self.k_cache, self.v_cache, self.metadata(step, num_decodes),

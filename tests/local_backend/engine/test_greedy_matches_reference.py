@@ -20,19 +20,22 @@ from tests.local_backend.conftest import EngineFactory
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 _CUDA = [pytest.mark.gpu,
          pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-PATHS = [
-    pytest.param(("cpu", "sdpa"), id="cpu-sdpa"),
-    pytest.param(("cpu", "flex"), id="cpu-flex"),
-    pytest.param(("cuda", "sdpa"), id="cuda-sdpa", marks=_CUDA),
-    pytest.param(("cuda", "flex"), id="cuda-flex", marks=_CUDA),
+PATHS = [  # (device, attention, CUDA graphs for decode steps)
+    pytest.param(("cpu", "sdpa", False), id="cpu-sdpa"),
+    pytest.param(("cpu", "flex", False), id="cpu-flex"),
+    pytest.param(("cpu", "sdpa", True), id="cpu-graphs-ignored"),
+    pytest.param(("cuda", "sdpa", False), id="cuda-sdpa", marks=_CUDA),
+    pytest.param(("cuda", "flex", False), id="cuda-flex", marks=_CUDA),
+    pytest.param(("cuda", "sdpa", True), id="cuda-sdpa-graphs", marks=_CUDA),
 ]
 
 
 @pytest.fixture(params=PATHS)
 def make_engine(request: pytest.FixtureRequest, make_engine: EngineFactory) -> EngineFactory:
     """The shared factory, on one device with one attention path."""
-    device, attention = request.param
-    return functools.partial(make_engine, device=device, attention=attention)
+    device, attention, graphs = request.param
+    return functools.partial(make_engine, device=device, attention=attention,
+                             cuda_graphs=graphs)
 
 
 def prompt(seed: int, length: int) -> list[int]:
