@@ -1,7 +1,7 @@
 """The engine on a CUDA device beside transformers' `generate` (static batching), same model.
 
     python bench/gpu.py [--models qwen2.5-0.5b llama-3.2-1b] [--streams 1 16 64 256]
-        [--prompt 512] [--new 128] [--attention sdpa] [--json PATH]
+        [--prompt 512] [--new 128] [--attention sdpa] [--cuda-graphs] [--json PATH]
 
 Models are random-weight (bf16) at the shapes of Qwen2.5-0.5B and Llama-3.2-1B, their
 configs written below: nothing is downloaded (the device machine has no network).
@@ -176,6 +176,8 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--attention", default="sdpa", choices=typing.get_args(Backend))
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay decode steps from CUDA graphs (engine/cuda_graphs.py)")
     parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--smoke", action="store_true",
@@ -190,7 +192,7 @@ def main() -> int:
         print("bench/gpu.py needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
     print(f"{label}, torch {torch.__version__}, {args.prompt} in / {args.new} out, "
-          f"attention {args.attention}")
+          f"attention {args.attention}, CUDA graphs {'on' if args.cuda_graphs else 'off'}")
     tokenizer_dir = Path(tempfile.mkdtemp())
     write_tokenizer(tokenizer_dir)  # ids past its byte vocabulary detokenise to nothing
     tokenizer = Tokenizer.from_dir(tokenizer_dir)
@@ -203,7 +205,7 @@ def main() -> int:
         engine = Engine(model, tokenizer, EngineConfig(
             max_num_seqs=largest, max_waiting=largest, num_blocks=blocks,
             max_num_batched_tokens=8192, max_model_len=args.prompt + args.new + 16,
-            attention=args.attention))
+            attention=args.attention, cuda_graphs=args.cuda_graphs))
         engine.start()
         rows: dict[int, dict[str, Any]] = {}
         try:

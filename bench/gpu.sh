@@ -35,12 +35,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 #    (mixed batches, chunked prefill, preemption, prefix hits), the batched sampler,
 #    the engine in fp32 and bf16. The repository's top conftest (the gateway's) is
 #    left out: it needs the gateway's packages.
-timeout 150 "$py" -m pytest -q -m gpu --confcutdir=tests/local_backend -p no:cacheprovider \
+timeout 120 "$py" -m pytest -q -m gpu --confcutdir=tests/local_backend -p no:cacheprovider \
     tests/local_backend/engine 2>&1 | tee "$out/tests.txt"
 
 # 2. The figures: both models, 1/16/64/256 streams, beside transformers' generate.
-timeout 300 "$py" bench/gpu.py --json "$out/gpu.json" 2>&1 | tee "$out/gpu.txt"
+timeout 270 "$py" bench/gpu.py --json "$out/gpu.json" 2>&1 | tee "$out/gpu.txt"
 
-# 3. If time is left: the compiled FlexAttention path on one model, no baseline.
-timeout 90 "$py" bench/gpu.py --models qwen2.5-0.5b --streams 1 64 --no-baseline \
+# 3. If time is left, one model without the baseline: decode from CUDA graphs, then the
+#    compiled FlexAttention path (its first steps include the compilation).
+timeout 45 "$py" bench/gpu.py --models qwen2.5-0.5b --streams 1 64 --no-baseline \
+    --cuda-graphs --json "$out/gpu-graphs.json" 2>&1 | tee "$out/gpu-graphs.txt"
+timeout 45 "$py" bench/gpu.py --models qwen2.5-0.5b --streams 1 64 --no-baseline \
     --attention flex-compiled --json "$out/gpu-flex.json" 2>&1 | tee "$out/gpu-flex.txt"
