@@ -113,7 +113,7 @@ class Engine:
             model, num_blocks=config.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, attention=config.attention,
-            cuda_graphs=config.cuda_graphs)
+            cuda_graphs=config.cuda_graphs, max_model_len=self.max_model_len)
         self.sampler = Sampler()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()

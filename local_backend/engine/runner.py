@@ -25,7 +25,7 @@ class ModelRunner:
     def __init__(
         self, model: LlamaForCausalLM, *, num_blocks: int, block_size: int,
         max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-        attention: Backend = "sdpa", cuda_graphs: bool = False,
+        attention: Backend = "sdpa", cuda_graphs: bool = False, max_model_len: int | None = None,
     ) -> None:
         self.model = model
         config = model.config
@@ -40,8 +40,10 @@ class ModelRunner:
         ]
         self.v_cache = [torch.zeros_like(t) for t in self.k_cache]
         self.scale = config.head_dim**-0.5
-        # A row's table never outgrows the cache, nor the model's context.
-        max_blocks = min(num_blocks, -(-config.max_position_embeddings // block_size) + 1)
+        # A row's table never outgrows the cache, nor the engine's context (the graphs'
+        # static tables and every decode's gather are this wide).
+        context = max_model_len or config.max_position_embeddings
+        max_blocks = min(num_blocks, -(-context // block_size) + 1)
         self.inputs = StepInputs(
             max_tokens=max_num_batched_tokens, max_rows=max_num_seqs,
             max_blocks_per_row=max_blocks, block_size=block_size, device=self.device)
