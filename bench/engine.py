@@ -205,28 +205,33 @@ def main() -> int:
     cache = Path(os.environ.get("ROUTEGATE_CACHE_DIR") or tempfile.gettempdir()) / "routegate"
     model = load_model(ensure_demo_model(cache), progress=None)
     print(f"demo model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"{args.threads} CPU threads, {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens")
-    port = free_port()
+          f"{args.threads} CPU threads, {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
     env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(cache)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "local_backend", "--model", "demo", "--port", str(port),
-         "--threads", str(args.threads), "--max-waiting", "1024"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        asyncio.run(wait_healthy(base, proc))
-        base_line: dict[str, float] = {}
-        rows: dict[int, dict[str, float]] = {}
-        # On a shared machine load comes and goes: interleave the runs, keep the best of each.
-        for _ in range(args.repeat):
-            base_line = best(base_line, baseline(model, 16))
+    command = [sys.executable, "-m", "local_backend", "--model", "demo", "--threads",
+               str(args.threads), "--max-waiting", "1024"]
+    base_line: dict[str, float] = {}
+    rows: dict[int, dict[str, float]] = {}
+    # On a shared machine load comes and goes: interleave the runs, keep the best of each.
+    # The in-process baseline runs only while no server is alive (an idle torch process
+    # still has threads that can spin), and each side starts on an idle machine.
+    for _ in range(args.repeat):
+        real_model.wait_idle()
+        base_line = best(base_line, baseline(model, 16))
+        real_model.wait_idle()
+        port = free_port()
+        proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            asyncio.run(wait_healthy(base, proc))
             for c in args.concurrency:
                 run = asyncio.run(over_http(base + "/v1/completions", c, 4 if c == 1 else 1))
                 rows[c] = best(rows.get(c, {}), run)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        finally:
+            real_model.stop_server(proc, port)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(f"\n{'':24}{'tok/s':>9}{'p95 TTFT ms':>13}{'ms/token':>10}{'× tok/s':>9}")
     print(f"{'one at a time (16 req)':24}{base_line['tok_s']:9.1f}"
           f"{base_line['p95_ttft_s'] * 1e3:13.1f}{base_line['per_token_s'] * 1e3:10.2f}{1:9.2f}")

@@ -15,6 +15,12 @@ from typing import Literal
 import torch
 
 from local_backend.checkpoint import BUNDLED, Checkpoint, load_checkpoint
+from local_backend.engine.capacity import (
+    CPU_KV_BUDGET_BYTES,
+    DeviceDefaults,
+    defaults_for,
+    kv_blocks,
+)
 from local_backend.engine.loop import Engine, EngineConfig
 from local_backend.engine.priority import DEFAULT_AGING_S
 from local_backend.engine.runner import ModelRunner
@@ -26,8 +32,6 @@ from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
 
 log = logging.getLogger("local_backend")
-CPU_KV_BUDGET_BYTES = 256 << 20  # default KV cache on CPU: 256 MiB
-GPU_KV_FRACTION = 0.85
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -37,7 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"({', '.join(BUNDLED)}), or 'demo' (random weights, for tests)"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences per batch")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences per batch (default: 256 on CUDA, 32 on CPU)")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 429")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: by memory)")
@@ -78,19 +83,20 @@ def build_engine(
                                  weights=weights)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     per_block = ModelRunner.kv_bytes_per_block(model, args.block_size)
+    defaults = defaults_for(device)
+    if args.max_num_seqs is not None:
+        defaults = DeviceDefaults(args.max_num_seqs, defaults.max_num_batched_tokens)
     num_blocks = args.num_blocks
     if num_blocks is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info()
-            num_blocks = int(free * GPU_KV_FRACTION) // per_block
+        if device.type == "cuda":  # what the largest step leaves (it runs once, here)
+            num_blocks = kv_blocks(model, args.block_size, defaults)
         else:
-            want = args.max_num_seqs * model.config.max_position_embeddings // args.block_size
+            want = defaults.max_num_seqs * model.config.max_position_embeddings // args.block_size
             num_blocks = max(64, min(want, CPU_KV_BUDGET_BYTES // per_block))
     config = EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+        max_num_seqs=defaults.max_num_seqs, max_waiting=args.max_waiting,
         block_size=args.block_size, num_blocks=num_blocks,
-        # Per-step token budget: bounds how long a prefill chunk delays running streams.
-        max_num_batched_tokens=2048 if device.type == "cuda" else 256,
+        max_num_batched_tokens=defaults.max_num_batched_tokens,
         max_model_len=model.config.max_position_embeddings,
         scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s,
     )

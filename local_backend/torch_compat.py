@@ -45,16 +45,9 @@ def has_mkldnn_linear() -> bool:
 
 @cache
 def has_bf16_linear() -> bool:
-    """oneDNN's bf16 GEMM runs on this CPU: it needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT,
-    and refuses to pack a bf16 weight elsewhere (an AVX2-only CPU). A probe, once per
-    process: torch states the requirement only in that refusal."""
-    if not has_mkldnn_linear():
-        return False
-    try:
-        mkldnn_pack(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
-    except RuntimeError:
-        return False
-    return True
+    """oneDNN packs and runs bf16 weights: only on CPUs with AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT; elsewhere (an AVX2-only CPU) `_reorder_linear_weight` raises for them."""
+    return has_mkldnn_linear() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def mkldnn_pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:

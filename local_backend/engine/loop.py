@@ -26,7 +26,7 @@ from local_backend.engine.priority import (
     SchedulingMode,
     SchedulingPolicy,
 )
-from local_backend.engine.runner import ModelRunner
+from local_backend.engine.runner import Backend, ModelRunner
 from local_backend.engine.sampler import Sampler, TokenLogprob
 from local_backend.engine.scheduler import Scheduler
 from local_backend.engine.sequence import Sequence, Timings
@@ -55,6 +55,8 @@ class EngineConfig:
     prefix_caching: bool = True
     scheduling_policy: SchedulingMode = "priority"  # or "fcfs": arrival order alone
     priority_aging_s: float = DEFAULT_AGING_S  # a wait this long raises a request one band
+    attention: Backend = "sdpa"  # the runner's attention (engine/runner.py)
+    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA and sdpa only)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,11 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             policy=SchedulingPolicy(config.scheduling_policy, config.priority_aging_s),
         )
-        self.runner = ModelRunner(model, num_blocks=config.num_blocks, block_size=config.block_size)
+        self.runner = ModelRunner(
+            model, num_blocks=config.num_blocks, block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, attention=config.attention,
+            cuda_graphs=config.cuda_graphs, max_model_len=self.max_model_len)
         self.sampler = Sampler()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()

@@ -5,7 +5,8 @@ for it on decode-sized fp32 batches, while for one row or long prefill chunks MK
 as fast or faster; so an fp32 layer keeps its dense weight and gains a packed copy,
 used only for row counts in `FP32_PACKED_ROWS`. For bf16 the packed weight (oneDNN's
 AVX-512 BF16 kernels) beat the dense bf16 matmul at every row count measured, so a
-bf16 layer keeps only the packed copy. Figures: docs/benchmarks.md.
+bf16 layer keeps only the packed copy where oneDNN can pack bf16 (AVX-512 or
+AVX-NE-CONVERT), and only its dense weight elsewhere. Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,20 +26,23 @@ class PackedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         self.dense = weight.dtype == torch.float32
-        # fp32 keeps the dense weight for the row counts MKL serves better; bf16 drops it.
-        self.weight = linear.weight if self.dense else None
+        packable = self.dense or torch_compat.has_bf16_linear()
+        # fp32 keeps the dense weight for the row counts MKL serves better; packed bf16
+        # drops it.
+        self.weight = linear.weight if self.dense or not packable else None
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = weight.dtype
         # A plain attribute, not a buffer: it must not appear in state_dict().
-        self.packed = torch_compat.mkldnn_pack(weight, PACK_BATCH_HINT)
+        self.packed = torch_compat.mkldnn_pack(weight, PACK_BATCH_HINT) if packable else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in], any float dtype → [rows, out] in the weight's dtype."""
-        if self.weight is not None and not (
+        if self.packed is None or (self.weight is not None and not (
             FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1] and x.dim() == 2
-        ):
-            return F.linear(x, self.weight, self.bias)
+        )):
+            assert self.weight is not None
+            return F.linear(x.to(self.dtype), self.weight, self.bias)
         return torch_compat.mkldnn_linear(x.to(self.dtype).contiguous(), self.packed, self.bias)
 
 

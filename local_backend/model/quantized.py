@@ -137,7 +137,10 @@ class Bf16Table(nn.Module):
         self.register_buffer("weight", weight.detach().to(COMPUTE_DTYPE))  # [vocab, hidden]
         # A plain attribute, not a buffer: the layout is oneDNN's own.
         self.packed = (torch_compat.mkldnn_pack(_tensor(self.weight), PACK_BATCH_HINT)
-                       if torch_compat.has_mkldnn_linear() else None)
+                       if torch_compat.has_bf16_linear() else None)
+        # Without oneDNN's bf16 kernels (an AVX2-only CPU) a dense bf16 GEMM is far slower
+        # than fp32: project through an fp32 copy there (twice the head's bytes).
+        self.fp32 = None if self.packed is not None else _tensor(self.weight).float()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return _tensor(self.weight).index_select(0, ids).float()
@@ -147,9 +150,10 @@ class Bf16Table(nn.Module):
         return self.rows(ids)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp32 is not None:
+            return F.linear(x.float(), self.fp32)
+        assert self.packed is not None
         x = x.to(COMPUTE_DTYPE).contiguous()
-        if self.packed is None:
-            return F.linear(x, _tensor(self.weight))
         return torch_compat.mkldnn_linear(x, self.packed, None)
 
 

@@ -86,14 +86,18 @@ EngineFactory = Callable[..., Engine]
 
 @pytest.fixture
 async def make_engine(tiny_dir: Path) -> AsyncIterator[EngineFactory]:
-    """Started engines over the tiny model in float64; every block must be free at the end."""
+    """Started engines over the tiny model in float64 (on `device`, CPU by default); every
+    block must be free at the end."""
     engines: list[Engine] = []
-    model = load_model(tiny_dir, dtype=torch.float64, progress=None)
+    models = {"cpu": load_model(tiny_dir, dtype=torch.float64, progress=None)}
     tokenizer = Tokenizer.from_dir(tiny_dir)
 
-    def factory(start: bool = True, **overrides: Any) -> Engine:
+    def factory(start: bool = True, device: str = "cpu", **overrides: Any) -> Engine:
+        if device not in models:
+            models[device] = load_model(tiny_dir, device=device, dtype=torch.float64,
+                                        progress=None)
         config = EngineConfig(**{"num_blocks": 64, "block_size": 4, **overrides})
-        engine = Engine(model, tokenizer, config, eos_token_ids=())
+        engine = Engine(models[device], tokenizer, config, eos_token_ids=())
         if start:
             engine.start()
         engines.append(engine)

@@ -1,10 +1,14 @@
-"""Greedy tokens from the engine equal a no-cache reference forward, whatever the batch does."""
+"""Greedy tokens from the engine equal a no-cache reference forward, whatever the batch does,
+with either attention path (gather + SDPA, and FlexAttention over the cache in place), on
+the CPU and, where there is one, on a CUDA device."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 
+import pytest
 import torch
 
 from local_backend.engine.loop import Engine
@@ -14,6 +18,24 @@ from tests.local_backend import reference
 from tests.local_backend.conftest import EngineFactory
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+_CUDA = [pytest.mark.gpu,
+         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+PATHS = [  # (device, attention, CUDA graphs for decode steps)
+    pytest.param(("cpu", "sdpa", False), id="cpu-sdpa"),
+    pytest.param(("cpu", "flex", False), id="cpu-flex"),
+    pytest.param(("cpu", "sdpa", True), id="cpu-graphs-ignored"),
+    pytest.param(("cuda", "sdpa", False), id="cuda-sdpa", marks=_CUDA),
+    pytest.param(("cuda", "flex", False), id="cuda-flex", marks=_CUDA),
+    pytest.param(("cuda", "sdpa", True), id="cuda-sdpa-graphs", marks=_CUDA),
+]
+
+
+@pytest.fixture(params=PATHS)
+def make_engine(request: pytest.FixtureRequest, make_engine: EngineFactory) -> EngineFactory:
+    """The shared factory, on one device with one attention path."""
+    device, attention, graphs = request.param
+    return functools.partial(make_engine, device=device, attention=attention,
+                             cuda_graphs=graphs)
 
 
 def prompt(seed: int, length: int) -> list[int]:
