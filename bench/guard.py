@@ -31,6 +31,10 @@ BASELINE = Path(__file__).resolve().parent / "baseline.json"
 GUARDED = ("routegate", "routegate stream", TRACED, "routegate redis")
 REQUESTS = 600
 TOLERANCE = 0.05
+# How many admissions and settlements share one Redis pipeline depends on how requests
+# fall into event-loop turns, which varies from run to run more than anything else
+# counted here (runs of the same code 8 % apart): a wider band for that probe alone.
+PROBE_TOLERANCE = {"routegate redis": 0.12}
 
 
 def ratios(counts: dict[str, int]) -> dict[str, float]:
@@ -40,16 +44,18 @@ def ratios(counts: dict[str, int]) -> dict[str, float]:
 
 def regressions(now: dict[str, float], baseline: dict[str, float],
                 tolerance: float) -> list[str]:
-    """One line per probe whose ratio grew past `tolerance`, or that has no baseline."""
+    """One line per probe whose ratio grew past its tolerance (`tolerance`, or the
+    probe's own in `PROBE_TOLERANCE` where wider), or that has no baseline."""
     found = []
     for name, ratio in now.items():
         before = baseline.get(name)
+        allowed = max(tolerance, PROBE_TOLERANCE.get(name, 0.0))
         if before is None:
             found.append(f"{name}: no baseline (run bench/guard.py --update)")
-        elif ratio > before * (1 + tolerance):
+        elif ratio > before * (1 + allowed):
             found.append(f"{name}: {ratio:.3f}× the bare proxy, baseline {before:.3f}× "
                          f"(+{100 * (ratio / before - 1):.1f} %, tolerance "
-                         f"{100 * tolerance:g} %)")
+                         f"{100 * allowed:g} %)")
     return found
 
 

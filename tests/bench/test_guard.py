@@ -27,3 +27,9 @@ def test_a_probe_without_a_baseline_fails_rather_than_passing_unseen() -> None:
 def test_every_guarded_probe_is_compared_with_a_bare_proxy_that_is_measured() -> None:
     for name in GUARDED:
         assert PROBES[PROBES[name].baseline].server == "bare proxy"
+
+
+def test_the_redis_probe_has_its_wider_band_and_no_other_probe_does() -> None:
+    baseline = {"routegate redis": 2.0, "routegate": 2.0}
+    assert regressions({"routegate redis": 2.2, "routegate": 2.0}, baseline, 0.05) == []
+    assert len(regressions({"routegate redis": 2.3, "routegate": 2.11}, baseline, 0.05)) == 2
