@@ -70,7 +70,7 @@ async def test_on_call_view_matches_the_ledger_and_the_metrics_with_nothing_clip
         async with session.get(gateway.url + "/admin/usage?tenant=anonymous",
                                headers=admin) as response:
             usage = await response.json()
-        async with session.get(gateway.url + "/metrics") as response:
+        async with session.get(gateway.url + "/metrics", headers=admin) as response:
             metrics = await response.text()
 
     url = gateway.url + f"/dashboard#key={ADMIN}"
