@@ -68,6 +68,7 @@ chaos: $(STAMP_TEST)
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/test_import_direction.py
 
 bench: $(STAMP_TEST)

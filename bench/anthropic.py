@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.api.messages_to_chat import EventEncoder, chat_request, message
 from gateway.app import create_app
-from gateway.pipeline.sse import SseRelay
+from gateway.core.sse import SseRelay
 from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from gateway.upstream.chat_to_anthropic import (

@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.limits.limiter import Limiter
 from gateway.limits.memory import MemoryStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import BudgetLimits, Charge, Scope
+from gateway.stores.redis import connect
 from policies.load import loads
 from tests.redis_server import RedisServer, find_redis_server
 

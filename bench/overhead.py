@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import os
 import statistics
@@ -128,17 +129,18 @@ def run_gateway_variant(port: int, policy_path: str, without: tuple[str, ...]) -
     sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or ".").resolve() != here]
     import uvloop
 
-    from gateway.app import HOOKS, create_app
-    from gateway.hooks import Hooks
+    from gateway.api.openai import PIPELINE
+    from gateway.app import create_app
+    from gateway.core.hooks import Hooks
     from gateway.server.serve import serve
     from gateway.settings import Settings
     from policies.load import load
 
     settings = Settings(port=port, policy_path=Path(policy_path))
     app = create_app(load(policy_path), settings)
-    hooks, defaults = app[HOOKS], Hooks()
-    for hook in without:
-        setattr(hooks, hook, getattr(defaults, hook))
+    pipeline, defaults = app[PIPELINE], Hooks()
+    pipeline.hooks = dataclasses.replace(
+        pipeline.hooks, **{hook: getattr(defaults, hook) for hook in without})
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve(app, settings))
 

@@ -7,8 +7,7 @@ Resources (upstream sessions, supervised children) open and close in
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
@@ -17,23 +16,23 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
-from gateway.blob_store import open_blobs
-from gateway.cache import install as install_cache
+from gateway.cache.http import install as install_cache
 from gateway.compat import check_aiohttp
-from gateway.errors import error_middleware
-from gateway.hooks import Hooks
+from gateway.core.drain import DRAIN, Drain
+from gateway.core.errors import error_middleware
+from gateway.core.hooks import Hooks
+from gateway.core.live_policy import LivePolicy
+from gateway.dashboard import dashboard_routes
 from gateway.launch.board import board_context
 from gateway.launch.supervisor import Supervisor
 from gateway.limits.http import install as install_limits
 from gateway.pipeline.steps import Pipeline
-from gateway.policy.admin import install_policy_admin
-from gateway.policy.live import LivePolicy
+from gateway.plugin import Plugin, Wiring, assemble
+from gateway.policy.admin import install as install_policy_admin
 from gateway.queueing.http import install as install_queues
-from gateway.route.admin import install as install_backends_admin
-from gateway.route.health import install as install_backend_health
-from gateway.route.hook import install as install_routing
-from gateway.server.drain import DRAIN, Drain
+from gateway.route.plugin import install as install_routing
 from gateway.settings import Settings
+from gateway.stores.blobs import open_blobs
 from gateway.telemetry.install import install_telemetry
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.state_metrics import StateCollector
@@ -41,6 +40,8 @@ from gateway.upstream.connect_probe import READINESS, ConnectProbe
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.tls import warm as warm_tls
 from policies.load import Policy
+from routing.stats import LiveStats
+from routing.tokens import TokenCounter
 
 LIVE_POLICY = web.AppKey("routegate.live_policy", LivePolicy)
 UPSTREAMS = web.AppKey("routegate.upstreams", UpstreamPool)
@@ -53,32 +54,45 @@ SUPERVISOR = web.AppKey("routegate.supervisor", Supervisor)
 _AIOHTTP_BODY_CAP = 1 << 30
 
 
+# The plug-ins, in the order observers are told about a request. Adding one is a module
+# with `install(wiring) -> Provides` and a line here (`gateway/plugin.py`).
+PLUGINS: tuple[Plugin, ...] = (
+    install_limits,  # rate limits and budgets: admission, settlement
+    install_routing,  # routing.decide as the router; live stats; backend load and health
+    install_cache,  # routes' `cache:`: kept answers, no backend call
+    install_queues,  # per-backend slots: priority, deadlines, shedding, `max_concurrency`
+    install_policy_admin,  # hot reload, shadow policy, /admin/policy
+)
+
+
 def create_app(policy: Policy, settings: Settings | None = None, *,
-               telemetry: Telemetry | None = None) -> web.Application:
+               telemetry: Telemetry | None = None,
+               plugins: Sequence[Plugin] = PLUGINS) -> web.Application:
     """`telemetry`: tracer provider, metrics, access log (default: metrics only, no
     trace export); `routegate serve` builds it from the `OTEL_*` environment.
     `IncompatibleAiohttp` when the installed aiohttp is not one the gateway supports."""
     check_aiohttp()
     settings = settings or Settings()
+    telemetry = telemetry or Telemetry()
     app = web.Application(middlewares=[error_middleware], client_max_size=_AIOHTTP_BODY_CAP)
     live = LivePolicy(policy)
     pool = UpstreamPool()
-    hooks = Hooks()
-    if telemetry is not None:
-        hooks.telemetry = telemetry
     app[SETTINGS] = settings
     app[LIVE_POLICY] = live
     app[UPSTREAMS] = pool
-    app[HOOKS] = hooks
     app[DRAIN] = Drain()
-    hooks.observers.append(app[DRAIN])  # the requests a drain waits for (and cuts)
     app[SUPERVISOR] = Supervisor(policy, pool, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon, recheck=True)
     pool.follow(policy)
     # backends a reload removes close once idle; so do connections trusting a rotated CA
     live.on_swap(pool.follow, recheck=True)
-    app[PIPELINE] = Pipeline(live, pool, hooks)
+    pool.on_resend = telemetry.metrics.observe_resend
+    wiring = Wiring(app=app, live=live, pool=pool, metrics=telemetry.metrics,
+                    settings=settings, stats=LiveStats(), tokens=TokenCounter())
+    # the drain sees every request first: the requests it waits for (and cuts)
+    hooks = app[HOOKS] = assemble(wiring, plugins, observers=(app[DRAIN],))
+    app[PIPELINE] = Pipeline(live, pool, hooks, telemetry)
     app[READINESS] = ConnectProbe()  # /readyz: is each URL backend reachable at all
     add_routes(app)
     add_anthropic_routes(app)  # POST /v1/messages: the Anthropic SDKs
@@ -87,23 +101,13 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     add_responses_routes(app, StoredResponses(open_blobs(state.store, state.max_memory_bytes),
                                               state.ttl_s))
     live.pin("responses.store", lambda policy: policy.file.responses.store)
-    # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
-    install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     # backend states and the policy version, read when /metrics or the dashboard is read
-    gateway_state = StateCollector(live, pool, hooks.telemetry.metrics)
-    hooks.telemetry.metrics.registry.register(gateway_state)
-    # GET /metrics, GET /dashboard; flush at exit
-    install_telemetry(app, hooks.telemetry, live, state=gateway_state.dashboard)
-    # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
-    routing = install_routing(app, hooks, live=live, pool=pool)
-    pool.on_capabilities = routing.backend_reported  # what a launched backend can do
-    pool.on_resend = hooks.telemetry.metrics.observe_resend
-    install_backend_health(app, live, pool, routing.stats)  # active checks per backend
-    install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
-    # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
-    install_queues(app, live, hooks, share=settings.workers)
-    install_policy_admin(app, live, hooks, settings)
-    install_backends_admin(app, live, pool)  # GET /admin/backends: state, ejections
+    gateway_state = StateCollector(live, pool, telemetry.metrics)
+    telemetry.metrics.registry.register(gateway_state)
+    # GET /metrics, flush at exit; GET /dashboard
+    install_telemetry(app, telemetry, live)
+    app.router.add_routes(dashboard_routes(telemetry.live, policy=live,
+                                           state=gateway_state.dashboard))
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
     if settings.launch_board is not None:  # a worker: the supervisor launched them

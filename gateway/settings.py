@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata, resources
@@ -40,3 +41,6 @@ class Settings:
     workers: int = 1
     reuse_port: bool = False
     launch_board: Path | None = None
+    # a deployment's Redis (`ROUTEGATE_REDIS_URL`): over the policy's `limits.store`
+    redis_url: str | None = field(
+        default_factory=lambda: os.environ.get("ROUTEGATE_REDIS_URL") or None)

@@ -105,6 +105,12 @@ def _check_routes(policy: PolicyFile, found: Findings) -> None:
             elif target in seen:
                 found.error(path, f"target `{target}` is listed twice")
             seen.add(target)
+        if route.cache is not None and not route.cache.may_keep(policy.compliance.record_content):
+            found.warn(("routes", route_name, "cache"),
+                       f"route `{route_name}` has a cache that can never keep an answer: "
+                       "`compliance.record_content` is off",
+                       "set `cache.store_content: true` on the route (or "
+                       "`compliance.record_content: true`) to keep answers")
         enabled = [t for t in route.targets if t in backend_of and backend_of[t].enabled]
         if len(enabled) == 0 and all(t in all_targets for t in route.targets):
             found.warn(("routes", route_name, "targets"),

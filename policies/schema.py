@@ -120,6 +120,11 @@ class RouteCache(FileModel):
     """Keep answers although `compliance.record_content` is off (the gateway then holds prompts and
     completions, hashed and whole, for `ttl_s`)."""
 
+    def may_keep(self, record_content: bool) -> bool:
+        """Whether answers may be kept at all: only with content recording on (the policy's
+        `compliance.record_content`) or this route opting in (`store_content`)."""
+        return record_content or self.store_content
+
 
 PiiCategory = Literal["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
 

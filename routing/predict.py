@@ -20,6 +20,7 @@ from typing import NamedTuple
 from policies.capabilities import ModelCapabilities, resolve
 from policies.load import ModelTarget
 from routing.capabilities import ALL, mask_of
+from routing.cost import gpu_cost_micros, token_cost_micros
 from routing.stats import LOAD_FRESH_S, TargetSnapshot
 
 KV_CACHE_FULL = 0.95  # above this use a new request cannot start until one finishes
@@ -43,7 +44,7 @@ class TargetModel:
     lacks: int  # capability bits (routing.capabilities) it does not have
     max_choices: float  # `n`, or infinity
     max_output_limit: float  # max_output_tokens, or infinity
-    # Cost constants (see cost.py): micro-dollars per token, per GPU-millisecond.
+    # Cost constants (routing/cost.py): micro-dollars per token, per GPU-millisecond.
     input_micro_usd_per_token: float
     output_micro_usd_per_token: float
     gpu_micro_usd_per_ms: float
@@ -94,7 +95,7 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
              stats: TargetSnapshot, now: float) -> tuple[float, float, float, float, int]:
     """(ttft_ms, total_ms, queue_ms, explained_ttft_ms, cost_micro_usd) as a plain tuple:
     `decide` calls this for every candidate, and a tuple is the cheapest result. The
-    cost is `cost.cost_micro_usd` computed from the terms already at hand here."""
+    cost is the cost model's (`routing.cost`), from the terms already at hand here."""
     network = model.prior_network_ms if stats.network_ms is None else stats.network_ms
     overhead = model.prior_overhead_ms if stats.overhead_ms is None else stats.overhead_ms
     decode = stats.decode_tokens_per_s or model.prior_decode_tokens_per_s
@@ -123,12 +124,21 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
         queue = ahead * service / (queue_slots or 1)
     explained = network + queue + prefill
     ttft = explained + overhead
-    if not model.dedicated:
-        cost = round(input_tokens * model.input_micro_usd_per_token
-                     + output_tokens * model.output_micro_usd_per_token)
-    else:  # GPU time: the prefill, plus the decode shared by the slots (see cost.py)
-        cost = round(model.gpu_micro_usd_per_ms * (prefill + decode_ms / (slots or 1)))
+    cost = predicted_cost_micros(model, input_tokens, output_tokens, decode)
     return ttft, ttft + decode_ms, queue, explained, cost
+
+
+def predicted_cost_micros(model: TargetModel, input_tokens: int, output_tokens: int,
+                          decode_tokens_per_s: float) -> int:
+    """The cost model (`routing.cost`) for one candidate: its tokens at a shared API's
+    prices, or a dedicated GPU's time: the prefill, plus the decode shared by the
+    streams that decode together."""
+    if not model.dedicated:
+        return token_cost_micros(input_tokens, output_tokens, model.input_micro_usd_per_token,
+                                 model.output_micro_usd_per_token)
+    busy_ms = (input_tokens * model.prefill_ms_per_token
+               + output_tokens * 1000.0 / (decode_tokens_per_s * (model.slots or 1)))
+    return gpu_cost_micros(model.gpu_micro_usd_per_ms, busy_ms)
 
 
 def predict(model: TargetModel, input_tokens: int, output_tokens: int,

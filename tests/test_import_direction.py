@@ -1,6 +1,8 @@
 """The one direction of dependency: policies ← routing ← gateway; local_backend alone."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,12 @@ def test_the_cycle_check_sees_a_cycle_even_under_type_checking(tmp_path: Path) -
     (package / "c.py").write_text("import pkg.a\n")
     cycles = import_cycles(sorted(package.glob("*.py")), tmp_path)
     assert cycles == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_floors_hold() -> None:
+    """The import-linter contracts in pyproject.toml: gateway's floors (each imports only
+    the floors below it; siblings on a floor independent), local_backend's, the projects'."""
+    linter = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(linter), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -26,13 +26,13 @@ from gateway.api.messages_to_chat import (
     openai_error_message,
 )
 from gateway.api.openai import PIPELINE, continue_unless_too_large
-from gateway.api.validate import check_chat, model_name
-from gateway.auth import TENANT_HEADER
-from gateway.errors import GatewayError, ModelNotFound, log_error
-from gateway.pipeline.context import Endpoint, RequestContext
-from gateway.pipeline.request_body import json_object, read_limited
+from gateway.api.validate import check_chat
+from gateway.core.auth import TENANT_HEADER
+from gateway.core.context import Endpoint, RequestContext
+from gateway.core.errors import GatewayError, ModelNotFound, log_error
+from gateway.core.whole_response import WholeResponse
+from gateway.pipeline.request_body import json_object, model_name, read_limited
 from gateway.route.hook import ROUTING
-from gateway.server.whole_response import WholeResponse
 from policies.load import ModelTarget
 
 log = logging.getLogger("routegate.api.anthropic")
@@ -75,7 +75,6 @@ class MessagesDialect:
         return _json(message(completion), response.status, headers)
 
 
-MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect())
 
 
 def _json(body: object, status: int = 200, headers: dict[str, str] | None = None,
@@ -84,21 +83,30 @@ def _json(body: object, status: int = 200, headers: dict[str, str] | None = None
                          headers={**(headers or {}), "Content-Type": "application/json"})
 
 
+def anthropic_error(exc: GatewayError) -> WholeResponse:
+    """A `GatewayError` in Anthropic's error shape, with its status and headers
+    (`Retry-After`, `x-ratelimit-*`)."""
+    headers = dict(exc.headers)
+    request_id = headers.get("X-Request-Id")
+    if request_id:
+        headers["request-id"] = request_id
+    return _json(error_body(exc.status, exc.client_message, request_id), exc.status, headers)
+
+
+MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect(),
+                    errors=anthropic_error)
+
+
 def anthropic_errors(handler: Handler) -> Handler:
-    """Render a `GatewayError` in Anthropic's error shape (the middleware would render
-    OpenAI's), keeping its status and headers (`Retry-After`, `x-ratelimit-*`)."""
+    """A handler outside the pipeline whose errors are written in Anthropic's shape (the
+    middleware would write OpenAI's)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except GatewayError as exc:
             log_error(log, request, exc)
-            headers = dict(exc.headers)
-            request_id = headers.get("X-Request-Id")
-            if request_id:
-                headers["request-id"] = request_id
-            return _json(error_body(exc.status, exc.client_message, request_id), exc.status,
-                         headers)
+            return anthropic_error(exc)
 
     wrapped.__name__ = handler.__name__
     return wrapped

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.api.chunk_reader import ChunkReader
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest
 
 Body = dict[str, Any]
 

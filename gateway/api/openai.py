@@ -8,12 +8,12 @@ import orjson
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway.api.validate import check_chat, check_completions, check_embeddings
-from gateway.auth import TENANT_HEADER
-from gateway.pipeline.context import Endpoint
+from gateway.core.auth import TENANT_HEADER
+from gateway.core.context import Endpoint
+from gateway.core.drain import DRAIN
 from gateway.pipeline.steps import Pipeline
 from gateway.route.admin import backend_states, out_of_service
 from gateway.route.readiness import readiness
-from gateway.server.drain import DRAIN
 from gateway.upstream.connect_probe import READINESS
 
 CHAT = Endpoint("chat.completions", "/chat/completions", check_chat)

@@ -27,10 +27,11 @@ from gateway.api.responses_output import EventEncoder, Shell, new_id, response_o
 from gateway.api.responses_request import chat_request, input_items, invalid, untranslatable
 from gateway.api.responses_state import StoredResponses
 from gateway.api.validate import check_chat
-from gateway.auth import TENANT_HEADER
-from gateway.errors import BadRequest, NotFound, UpstreamError
-from gateway.pipeline.context import Endpoint, RequestContext
-from gateway.server.whole_response import WholeResponse
+from gateway.core.attempt_facts import note_usage
+from gateway.core.auth import TENANT_HEADER
+from gateway.core.context import Endpoint, RequestContext
+from gateway.core.errors import BadRequest, NotFound, UpstreamError
+from gateway.core.whole_response import WholeResponse
 from policies.load import ModelTarget
 
 Body = dict[str, Any]
@@ -130,7 +131,9 @@ class ResponsesCall:
             return
         if self.native_now and self.ctx is not None and self.ctx.usage is None:
             usage = final.get("usage")  # a native stream reports it in its last event
-            self.ctx.usage = usage if isinstance(usage, dict) else None
+            if isinstance(usage, dict):
+                self.ctx.usage = usage
+                note_usage(self.ctx.record, usage)
         await self.keep(final)
 
     async def whole_answer(self, response: WholeResponse) -> WholeResponse:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest
 
 Body = dict[str, Any]
 

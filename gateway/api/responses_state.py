@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from gateway.blob_store import BlobStore, BlobStoreUnavailable
-from gateway.errors import GatewayError
-from gateway.log_text import escaped
+from gateway.core.errors import GatewayError
+from gateway.core.log_text import escaped
+from gateway.stores.blobs import BlobStore, BlobStoreUnavailable
 
 log = logging.getLogger("routegate.api.responses")
 

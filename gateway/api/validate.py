@@ -11,25 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest, wrong_type
 
 Body = dict[str, Any]
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def _is_int(value: object) -> bool:
@@ -40,17 +26,12 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _wrong_type(param: str, expected: str, value: object) -> BadRequest:
-    return BadRequest(f"Invalid type for '{param}': expected {expected}, "
-                      f"but got {_type_name(value)}.", param=param, code="invalid_type")
-
-
 def _check_int(body: Body, param: str, minimum: int) -> None:
     value = body.get(param)
     if value is None:
         return
     if not _is_int(value):
-        raise _wrong_type(param, "an integer", value)
+        raise wrong_type(param, "an integer", value)
     if value < minimum:
         raise BadRequest(f"Invalid '{param}': {value} is less than the minimum of {minimum}.",
                          param=param, code="invalid_value")
@@ -61,39 +42,27 @@ def _check_number(body: Body, param: str, low: float, high: float) -> None:
     if value is None:
         return
     if not _is_number(value):
-        raise _wrong_type(param, "a number", value)
+        raise wrong_type(param, "a number", value)
     if not low <= value <= high:
         raise BadRequest(f"Invalid '{param}': {value} is outside [{low}, {high}].",
                          param=param, code="invalid_value")
 
 
-def model_name(body: Body) -> str:
-    model = body.get("model")
-    if model is None:
-        raise BadRequest("You must provide a model parameter.", param="model",
-                         code="missing_required_parameter")
-    if not isinstance(model, str):
-        raise _wrong_type("model", "a string", model)
-    if not model:
-        raise BadRequest("'model' must not be empty.", param="model", code="invalid_value")
-    return model
-
-
 def _check_stream(body: Body) -> None:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _wrong_type("stream", "a boolean", stream)
+        raise wrong_type("stream", "a boolean", stream)
     options = body.get("stream_options")
     if options is None:
         return
     if not isinstance(options, dict):
-        raise _wrong_type("stream_options", "an object", options)
+        raise wrong_type("stream_options", "an object", options)
     if not stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true.",
                          param="stream_options", code="invalid_value")
     include = options.get("include_usage")
     if include is not None and not isinstance(include, bool):
-        raise _wrong_type("stream_options.include_usage", "a boolean", include)
+        raise wrong_type("stream_options.include_usage", "a boolean", include)
 
 
 # The sampling parameters `_check_sampling` reads; a body naming none is skipped at once.
@@ -116,17 +85,17 @@ def _check_sampling(body: Body) -> None:
             _check_number(body, param, low, high)
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
-        raise _wrong_type("seed", "an integer", seed)
+        raise wrong_type("seed", "an integer", seed)
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, str):
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise _wrong_type("stop", "a string or an array of strings", stop)
+            raise wrong_type("stop", "a string or an array of strings", stop)
         if len(stop) > 4:
             raise BadRequest("'stop' takes at most 4 sequences.", param="stop",
                              code="invalid_value")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise _wrong_type("user", "a string", user)
+        raise wrong_type("user", "a string", user)
 
 
 def _check_content(param: str, content: object, role: str) -> None:
@@ -138,7 +107,7 @@ def _check_content(param: str, content: object, role: str) -> None:
         raise BadRequest(f"'{param}' is required for role '{role}'.", param=param,
                          code="missing_required_parameter")
     if not isinstance(content, list):
-        raise _wrong_type(param, "a string or an array of content parts", content)
+        raise wrong_type(param, "a string or an array of content parts", content)
     for index, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise BadRequest(f"'{param}[{index}]' must be an object with a string 'type'.",
@@ -151,7 +120,7 @@ def check_chat(body: Body) -> None:
         raise BadRequest("Missing required parameter: 'messages'.", param="messages",
                          code="missing_required_parameter")
     if not isinstance(messages, list):
-        raise _wrong_type("messages", "an array", messages)
+        raise wrong_type("messages", "an array", messages)
     if not messages:
         raise BadRequest("'messages' must contain at least one message.", param="messages",
                          code="invalid_value")
@@ -164,12 +133,12 @@ def check_chat(body: Body) -> None:
                 continue
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise _wrong_type(where, "an object", message)
+            raise wrong_type(where, "an object", message)
         role = message.get("role")
         if not isinstance(role, str):
             raise (BadRequest(f"Missing required parameter: '{where}.role'.",
                               param=f"{where}.role", code="missing_required_parameter")
-                   if role is None else _wrong_type(f"{where}.role", "a string", role))
+                   if role is None else wrong_type(f"{where}.role", "a string", role))
         if role not in CHAT_ROLES:
             raise BadRequest(f"Invalid value for '{where}.role': {role!r}; expected one of "
                              f"{', '.join(sorted(CHAT_ROLES))}.", param=f"{where}.role",
@@ -177,7 +146,7 @@ def check_chat(body: Body) -> None:
         _check_content(f"{where}.content", message.get("content"), role)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise _wrong_type("tools", "an array", tools)
+        raise wrong_type("tools", "an array", tools)
     _check_stream(body)
     _check_sampling(body)
 
@@ -194,7 +163,7 @@ def _check_text_input(param: str, value: object) -> None:
     if isinstance(value, str):
         return
     if not isinstance(value, list):
-        raise _wrong_type(param, "a string or an array", value)
+        raise wrong_type(param, "a string or an array", value)
     if not value:
         raise BadRequest(f"'{param}' must not be empty.", param=param, code="invalid_value")
     if all(isinstance(item, str) for item in value) or _is_token_list(value):

@@ -7,25 +7,23 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.blob_store import BlobStore, open_blobs
 from gateway.cache.metrics import CacheCollector
 from gateway.cache.response_cache import ResponseCache
-from gateway.hooks import Hooks
-from gateway.policy.live import LivePolicy
+from gateway.plugin import Provides, Wiring
+from gateway.stores.blobs import BlobStore, open_blobs
 
 RESPONSE_CACHE = web.AppKey("routegate.response_cache", ResponseCache)
 
 
-def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
-            store: BlobStore | None = None) -> ResponseCache:
+def install(wiring: Wiring, *, store: BlobStore | None = None) -> Provides:
+    app, live = wiring.app, wiring.live
     settings = live.current.file.response_cache
     cache = ResponseCache(store or open_blobs(settings.store, settings.max_memory_bytes))
     live.pin("response_cache.store", lambda policy: policy.file.response_cache.store)
-    hooks.cache = cache
-    hooks.telemetry.metrics.registry.register(CacheCollector(cache))
+    wiring.metrics.registry.register(CacheCollector(cache))
     app[RESPONSE_CACHE] = cache
     app.cleanup_ctx.append(_close)
-    return cache
+    return Provides(cache=cache)
 
 
 async def _close(app: web.Application) -> AsyncIterator[None]:

@@ -31,7 +31,7 @@ def mode_of(headers: Mapping[str, str], body: Mapping[str, Any], cache: RouteCac
     """`use` unless the client, the sampling or the policy rules the cache out."""
     if pii_found and compliance.pii.action in _PII_KEPT_LOCAL:
         return "bypass"  # an answer about personal data is not kept, not even hashed
-    if not (compliance.record_content or cache.store_content):
+    if not cache.may_keep(compliance.record_content):
         return "bypass"  # the policy keeps no content unless the route opts in
     if not cache.nondeterministic and not _deterministic(body):
         return "bypass"

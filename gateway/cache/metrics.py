@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.blob_store import MemoryBlobs
 from gateway.cache.response_cache import ResponseCache
+from gateway.stores.blobs import MemoryBlobs
 
 _COUNTERS = (
     ("hits", "Requests answered from the response cache.", "hits"),

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from gateway.blob_store import BlobStore, BlobStoreUnavailable
 from gateway.cache.entry import assembled, decode, encode, replayed
 from gateway.cache.key import Mode, cache_key, mode_of
-from gateway.pipeline.context import RequestContext
-from gateway.pipeline.relay import STREAM_HEADERS, stream_writers
-from gateway.pipeline.sse import DONE_EVENT, comment
-from gateway.server.whole_response import WholeResponse
+from gateway.core.context import RequestContext
+from gateway.core.sse import DONE_EVENT, comment
+from gateway.core.stream_out import STREAM_HEADERS, stream_writers
+from gateway.core.whole_response import WholeResponse
+from gateway.stores.blobs import BlobStore, BlobStoreUnavailable
 from policies.schema import RouteCache
 from routing.decide import RouteDecision
 
@@ -80,15 +80,14 @@ class ResponseCache:
                        pii_found=bool(features is not None and features.pii))
         tenant = None
         if settings.scope == "tenant":
-            tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+            tenant = ctx.caller.tenant
         return Plan(route, settings, cache_key(route, ctx.body, _CHAT, tenant), mode)
 
     def _note(self, ctx: RequestContext, outcome: str) -> None:
         ctx.record.cache = outcome
         ctx.response_headers[HEADER] = outcome
 
-    async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
-        plan: Plan = ctx.cache_plan
+    async def serve(self, ctx: RequestContext, plan: Plan) -> web.StreamResponse | None:
         counts = self.counts[plan.route]
         if plan.mode == "bypass":
             counts.bypasses += 1
@@ -102,7 +101,6 @@ class ResponseCache:
                 log.warning("response cache unavailable: %s", exc)
                 counts.store_errors += 1
                 counts.bypasses += 1
-                ctx.cache_plan = None  # nothing is kept either
                 self._note(ctx, "bypass")
                 return None
             finally:
@@ -137,9 +135,8 @@ class ResponseCache:
                          + DONE_EVENT)
         return client
 
-    async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
-        plan = ctx.cache_plan
-        if plan is None or ctx.record.cache != "miss" or ctx.error is not None or ctx.status != 200:
+    async def keep(self, ctx: RequestContext, plan: Plan, response: web.StreamResponse) -> None:
+        if ctx.record.cache != "miss" or ctx.error is not None or ctx.status != 200:
             return  # no cache here, a hit or a bypass, or not a whole answer
         if ctx.cache_capture is not None:
             whole = assembled(b"".join(ctx.cache_capture), ctx.usage)

@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.auth import require_admin
-from gateway.policy.live import LivePolicy
+from gateway.core.auth import require_admin
+from gateway.core.live_policy import LivePolicy
 from gateway.route.admin import target_states
 from gateway.telemetry.live import LiveWindow
 

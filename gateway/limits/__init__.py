@@ -1,7 +1,7 @@
 """Rate limits (RPM/TPM per tenant, key and route) and the spend ledger."""
 
 from gateway.limits.failover import FailoverStore
-from gateway.limits.ledger import amortised_usd_per_mtok, cost_micros, periods_at
+from gateway.limits.ledger import periods_at
 from gateway.limits.limiter import (
     BudgetExceeded,
     Limiter,
@@ -40,8 +40,6 @@ __all__ = [
     "StoreUnavailable",
     "Ticket",
     "TokensLimitExceeded",
-    "amortised_usd_per_mtok",
-    "cost_micros",
     "open_store",
     "periods_at",
     "store_url",

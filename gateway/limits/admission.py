@@ -10,8 +10,8 @@ backends none of which answered (connect errors, timeouts, 5xx, 429s, or the req
 own deadline running out first) is refunded in full, its tokens and the request itself
 (RPM); one refused before any backend was chosen (a policy 403, a 400) counts.
 
-Admission leaves on the context `ticket` (reservation, response headers),
-`estimated_input_tokens` and `budget_left_micros` (routing passes it as
+Admission hands back what it settles (`Admitted`, holding the limiter's ticket) and
+leaves on the context `estimated_input_tokens` and `budget_left_micros` (routing passes it as
 `RequestFeatures.tenant_budget_left_micro_usd`). Routing may set a dedicated target's
 `amortised_usd_per_mtok`; settlement charges it instead of the declared prices, and
 its charge is the request's cost everywhere (`record.cost_micros`).
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.limits.ledger import cost_micros
-from gateway.limits.limiter import Limiter
+from gateway.core.context import RequestContext
+from gateway.limits.limiter import Limiter, Ticket
 from gateway.limits.store import Charge
-from gateway.pipeline.context import RequestContext
+from routing.cost import charged_micros
 from routing.tokens import TokenCounter
 
 
@@ -50,32 +50,21 @@ def _choices(body: dict[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
-def _reported(usage: dict[str, Any]) -> tuple[int, int]:
-    def number(*names: str) -> int:
-        for name in names:
-            value = usage.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return 0
-
-    return (number("prompt_tokens", "input_tokens"),
-            number("completion_tokens", "output_tokens"))
-
-
 def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     """(input, output) tokens this request really used, as well as can be known."""
     if ctx.record.cache == "hit":
         return 0, 0  # answered from the response cache: no backend used any
-    if ctx.usage is not None:
-        return _reported(ctx.usage)
+    record = ctx.record
+    if record.input_tokens is not None or record.output_tokens is not None:
+        return record.input_tokens or 0, record.output_tokens or 0  # as the backend said
     if not ctx.bytes_sent:
         last = ctx.attempts[-1] if ctx.attempts else None
         if last is not None and last.error is None and (last.status or 500) < 300:
             # a JSON reply that did not report usage: what was reserved for it
-            return ctx.estimated_input_tokens, expected_output_tokens(ctx)
+            return ctx.estimated_input_tokens or 0, expected_output_tokens(ctx)
         return 0, 0  # no backend answered (or it failed before streaming): nothing used
     produced = ctx.sse_relay.content_events if ctx.sse_relay is not None else 0
-    return ctx.estimated_input_tokens, produced
+    return ctx.estimated_input_tokens or 0, produced
 
 
 def unanswered(ctx: RequestContext) -> bool:
@@ -90,29 +79,37 @@ class LimitsAdmission:
         self.limiter = limiter
         self.tokens = tokens or TokenCounter()
 
-    async def admit(self, ctx: RequestContext) -> None:
-        identity = ctx.identity
-        tenant = identity.tenant if identity is not None else "anonymous"
+    async def admit(self, ctx: RequestContext) -> Admitted:
+        identity = ctx.caller
+        tenant = identity.tenant
         input_tokens = self.tokens.count_request(ctx.body)
         ctx.estimated_input_tokens = input_tokens
         served = ctx.policy.resolve_model(ctx.model, tenant)
         route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
             ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx, served),
-            key_hash=identity.key_hash if identity is not None else None, route=route)
-        ctx.ticket = ticket
+            key_hash=identity.key_hash, route=route)
         ctx.budget_left_micros = ticket.remaining_budget_micros
         ctx.response_headers.update(ticket.headers)
+        return Admitted(self.limiter, ticket)
+
+
+class Admitted:
+    """One admitted request's ticket, settled once when the request is over."""
+
+    __slots__ = ("limiter", "ticket")
+
+    def __init__(self, limiter: Limiter, ticket: Ticket) -> None:
+        self.limiter = limiter
+        self.ticket = ticket
 
     async def settle(self, ctx: RequestContext) -> None:
-        ticket = ctx.ticket
-        if ticket is None:
-            return
+        ticket = self.ticket
         input_tokens, output_tokens = actual_tokens(ctx)
         cost = 0
         if ctx.target is not None and (input_tokens or output_tokens):
-            cost = cost_micros(ctx.target.backend, ctx.target.spec, input_tokens, output_tokens,
-                               amortised_price_usd_per_mtok=ctx.amortised_usd_per_mtok)
+            cost = charged_micros(ctx.target.backend, ctx.target.spec, input_tokens,
+                                  output_tokens, amortised_usd_per_mtok=ctx.amortised_usd_per_mtok)
         record = ctx.record
         record.cost_micros = cost
         if record.input_tokens is None and record.output_tokens is None and (

@@ -17,30 +17,30 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 from aiohttp import web
 
-from gateway.auth import require_admin
-from gateway.errors import BadRequest
-from gateway.hooks import Hooks
+from gateway.core.auth import require_admin
+from gateway.core.errors import BadRequest
+from gateway.core.live_policy import LivePolicy
 from gateway.limits.admission import LimitsAdmission
 from gateway.limits.failover import FailoverStore
 from gateway.limits.limiter import Limiter, LimitStoreUnavailable
 from gateway.limits.store import LimitStore, StoreUnavailable
 from gateway.limits.store_metrics import StoreCollector
 from gateway.limits.wiring import open_store, store_url
-from gateway.policy.live import LivePolicy
+from gateway.plugin import Provides, Wiring
 
 LIMITER = web.AppKey("routegate.limiter", Limiter)
 _LIVE = web.AppKey("routegate.limits.live", LivePolicy)
 
 
-def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
-            redis_url: str | None = None, store: LimitStore | None = None,
-            clock: Callable[[], float] | None = None) -> Limiter:
+def install(wiring: Wiring, *, store: LimitStore | None = None,
+            clock: Callable[[], float] | None = None) -> Provides:
     """Wire the store named by the policy (`redis_url`, from `ROUTEGATE_REDIS_URL`, wins).
 
     The store is chosen once, at start-up: a reloaded policy changes limits and budgets
     at once, but the `limits:` section (store, its failure mode, the replica count) is
     pinned, and a reload that changes it reports that a restart is needed.
     """
+    app, live, redis_url = wiring.app, wiring.live, wiring.settings.redis_url
     settings = live.current.file.limits
     if store is None:
         store = open_store(settings, url=store_url(settings, redis_url))
@@ -50,14 +50,13 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
     live.pin("limits.store_latency", lambda policy: policy.file.limits.store_latency)
     limiter = Limiter(store) if clock is None else Limiter(store, clock=clock)
     if isinstance(store, FailoverStore):
-        hooks.telemetry.metrics.registry.register(StoreCollector(store))
+        wiring.metrics.registry.register(StoreCollector(store))
     app[LIMITER] = limiter
     app[_LIVE] = live
-    hooks.admission = LimitsAdmission(limiter)
     app.cleanup_ctx.append(_close_store)
     app.router.add_get("/admin/usage", get_usage)
     app.router.add_get("/admin/limits", get_limits)
-    return limiter
+    return Provides(admission=LimitsAdmission(limiter, wiring.tokens))
 
 
 async def _close_store(app: web.Application) -> AsyncIterator[None]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from policies.schema import Backend, Budget, ModelSpec
+from policies.schema import Budget
 
 MICROS_PER_USD = 1_000_000
-SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,33 +67,6 @@ def usd_to_micros(usd: float | None) -> int | None:
 def budget_micros(budget: Budget) -> tuple[int | None, int | None]:
     """(per day, per month) ceilings of a policy `Budget`, in micro-dollars."""
     return usd_to_micros(budget.usd_per_day), usd_to_micros(budget.usd_per_month)
-
-
-def amortised_usd_per_mtok(gpu_hour_usd: float, tokens_per_s: float) -> float:
-    """A dedicated backend's price per million tokens at a measured throughput."""
-    if tokens_per_s <= 0:
-        return 0.0
-    return gpu_hour_usd / (tokens_per_s * SECONDS_PER_HOUR) * MICROS_PER_USD
-
-
-def cost_micros(backend: Backend, spec: ModelSpec, input_tokens: int, output_tokens: int, *,
-                amortised_price_usd_per_mtok: float | None = None,
-                measured_tokens_per_s: float | None = None) -> int:
-    """What one request cost, in micro-dollars.
-
-    Shared backends charge their per-token prices. A dedicated backend costs its
-    GPU hour spread over the tokens it serves: the amortised price routing
-    computed (preferred: it is what the decision was based on), else the GPU-hour
-    price over a measured throughput, else its declared per-token prices.
-    """
-    if backend.deployment == "dedicated":
-        price = amortised_price_usd_per_mtok
-        if price is None and backend.gpu_hour_usd is not None and measured_tokens_per_s:
-            price = amortised_usd_per_mtok(backend.gpu_hour_usd, measured_tokens_per_s)
-        if price is not None:
-            return round((input_tokens + output_tokens) * price)
-    return round(input_tokens * spec.input_usd_per_mtok
-                 + output_tokens * spec.output_usd_per_mtok)
 
 
 def remaining_budget_micros(day_limit: int | None, month_limit: int | None,

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from random import getrandbits
 from typing import Any
 
-from gateway.errors import GatewayError, RateLimited
+from gateway.core.errors import GatewayError, RateLimited
 from gateway.limits.headers import (
     go_duration,
     rate_limit_headers,

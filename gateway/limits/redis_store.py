@@ -40,21 +40,12 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.limits.ledger import PeriodCache, Periods
 from gateway.limits.redis_batch import ScriptBatch
-from gateway.limits.redis_topology import (
-    CLUSTER_CONNECTIONS_PER_NODE,
-    CLUSTER_SCHEME,
-    SENTINEL_SCHEME,
-    connect_cluster,
-    connect_sentinel,
-)
 from gateway.limits.store import (
     BudgetLimits,
     Charge,
@@ -75,6 +66,7 @@ from gateway.limits.window_counter import (
     scope_state,
     to_ms,
 )
+from gateway.stores.redis import CLUSTER_CONNECTIONS_PER_NODE, RedisClient
 
 log = logging.getLogger("routegate.limits")
 
@@ -96,31 +88,6 @@ def _script(name: str) -> str:
     package = files("gateway.limits")
     return (package.joinpath("window.lua").read_text(encoding="utf-8")
             + package.joinpath(name).read_text(encoding="utf-8"))
-
-
-RedisClient = aioredis.Redis | RedisCluster
-
-
-def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 16,
-            pool_wait_s: float = 1.0) -> RedisClient:
-    """A client that fails fast: short socket timeouts, no retries, a bounded pool.
-
-    A few connections suffice (a round trip takes ~0.2 ms on a LAN) and opening fewer
-    at once matters: under a burst on a busy event loop, dozens of simultaneous
-    connects is what times out first. The timeouts allow for that loop being busy:
-    a stalled loop must not pass for a dead Redis.
-    """
-    if url.startswith(f"{CLUSTER_SCHEME}://"):
-        return connect_cluster(url, socket_timeout_s=socket_timeout_s)
-    if url.startswith(f"{SENTINEL_SCHEME}://"):
-        return connect_sentinel(url, socket_timeout_s=socket_timeout_s,
-                                max_connections=max_connections)
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=pool_wait_s,
-        socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
-    return aioredis.Redis(connection_pool=pool)
 
 
 def _scope_keys(tenant: str, scopes: Sequence[Scope]) -> list[str]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from gateway.limits.failover import FailoverStore
 from gateway.limits.memory import MemoryStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import LimitStore
 from gateway.limits.store_latency import LatencyBudget
+from gateway.stores.redis import connect
 from policies.schema import LimitStore as LimitStoreSettings
 
 

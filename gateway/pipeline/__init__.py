@@ -1,6 +1,2 @@
-"""The one path every proxied request takes (`steps.py`), the context it runs on and
-the record it fills (`record.py`)."""
-
-from gateway.pipeline.record import AttemptRecord, RequestRecord, StepRecord, TraceIds
-
-__all__ = ["AttemptRecord", "RequestRecord", "StepRecord", "TraceIds"]
+"""The one path every proxied request takes (`steps.py`): orchestration of the plug-ins
+over the request context and record that live in `gateway.core`."""

@@ -8,8 +8,14 @@ from collections.abc import Sequence
 
 import orjson
 
-from gateway.errors import BadRequest, DeadlinePassed, GatewayError, NoBackendAvailable, RateLimited
-from gateway.pipeline.context import RequestContext
+from gateway.core.context import RequestContext
+from gateway.core.errors import (
+    BadRequest,
+    DeadlinePassed,
+    GatewayError,
+    NoBackendAvailable,
+    RateLimited,
+)
 from gateway.upstream.openai import UpstreamFailure
 
 

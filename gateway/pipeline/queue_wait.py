@@ -10,8 +10,8 @@ from contextlib import AbstractAsyncContextManager
 from time import time_ns
 from typing import Any
 
-from gateway.pipeline.record import ERROR_TEXT_CHARS, RequestRecord, StepRecord
-from gateway.pipeline.timing import RequestTimings
+from gateway.core.record import ERROR_TEXT_CHARS, RequestRecord, StepRecord
+from gateway.core.timing import RequestTimings
 from gateway.telemetry.metric_series import GaugeSeries
 
 QUEUE_STEP = "routegate.queue.wait"

@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
-from gateway.pipeline.context import Dialect, RequestContext
-from gateway.pipeline.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
-from gateway.server.drain import drain_cut_error, is_drain_cut
-from gateway.server.whole_response import WholeResponse
+from gateway.core.attempt_facts import note_usage
+from gateway.core.context import RequestContext
+from gateway.core.drain import drain_cut_error, is_drain_cut
+from gateway.core.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
+from gateway.core.incapable import Incapable
+from gateway.core.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
+from gateway.core.stream_out import STREAM_HEADERS, stream_writers
+from gateway.core.whole_response import WholeResponse
 from gateway.upstream.http1 import BodyTooLarge
 from gateway.upstream.openai import (
     PASSTHROUGH_HEADERS,
     UNSUPPORTED_ENDPOINT,
-    Incapable,
     UpstreamFailure,
     incapable,
 )
@@ -37,9 +38,6 @@ from gateway.upstream.pool import UpstreamResponse
 # parsed: only its `usage` object is picked out of the bytes (`usage_of`).
 MAX_PARSED_REPLY_BYTES = 1 << 20
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
-STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                   "X-Accel-Buffering": "no"}
-
 
 async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeResponse:
     name = ctx.target.backend_name if ctx.target else "?"
@@ -101,6 +99,8 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
             ctx.facts.reply(reply)
     elif status < 300:
         ctx.usage = usage_of(data)
+        if ctx.usage is not None:
+            note_usage(ctx.record, ctx.usage)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
                "X-Request-Id": ctx.request_id, **ctx.response_headers}
     for header in PASSTHROUGH_HEADERS:
@@ -207,34 +207,6 @@ def _malformed(name: str, exc: MalformedEvent) -> str:
 def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:
     """A backend that went silent past its timeout is a 504, any other failure a 502."""
     return UpstreamTimeout if isinstance(exc, TimeoutError) else UpstreamError
-
-
-def stream_writers(client: web.StreamResponse, dialect: Dialect | None,
-                   capture: list[bytes] | None = None,
-                   ) -> tuple[Callable[[bytes], Awaitable[None]],
-                              Callable[[bytes], Awaitable[None]]]:
-    """(`write`, `write_eof`) of `client`; for another API's endpoint, both re-encode;
-    with `capture`, what is written (before re-encoding) is also kept there."""
-    if dialect is None and capture is None:
-        return client.write, client.write_eof
-    encode = dialect.stream_encoder() if dialect is not None else None
-
-    async def write(data: bytes) -> None:
-        if capture is not None:
-            capture.append(data)
-        await client.write(encode(data) if encode is not None else data)
-
-    async def write_last(data: bytes) -> None:
-        if capture is not None:
-            capture.append(data)
-        if dialect is None or encode is None:
-            await client.write_eof(data)
-            return
-        encoded = encode(data)
-        await dialect.stream_finished()
-        await client.write_eof(encoded)
-
-    return write, write_last
 
 
 def _parsed(data: bytes) -> dict[str, Any] | None:

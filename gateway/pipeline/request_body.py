@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import StreamReader, web
 
-from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from gateway.core.errors import BadRequest, PayloadTooLarge, RequestTimeout, wrong_type
 
 
 async def read_limited(request: web.Request, limit: int, pause_s: float) -> bytes:
@@ -88,3 +88,15 @@ def nesting_depth(raw: bytes) -> int:
     strings do not count)."""
     brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
     return max(accumulate(_DEPTH_STEP[byte] for byte in brackets), default=0)
+
+
+def model_name(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        raise BadRequest("You must provide a model parameter.", param="model",
+                         code="missing_required_parameter")
+    if not isinstance(model, str):
+        raise wrong_type("model", "a string", model)
+    if not model:
+        raise BadRequest("'model' must not be empty.", param="model", code="invalid_value")
+    return model

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.pipeline.content import prompt_text
-from gateway.pipeline.record import RequestRecord
+from gateway.core.content import prompt_text
+from gateway.core.record import RequestRecord
 from policies.load import ModelTarget
 from routing.decide import RouteDecision
 

@@ -23,8 +23,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from gateway.errors import UpstreamTimeout
-from gateway.pipeline.deadline import Deadline
+from gateway.core.deadline import Deadline
+from gateway.core.errors import UpstreamTimeout
 from gateway.upstream.openai import UpstreamFailure
 from policies.resilience import Retries
 

@@ -1,7 +1,7 @@
 """The one path every proxied request takes, as small named steps on a `RequestContext`.
 
     begin           request id, timing, the policy this request runs under
-    authenticate    API key → tenant                              (gateway.auth)
+    authenticate    API key → tenant                              (gateway.core.auth)
     read_body       size limit (Content-Length first, then the actual bytes)
     parse           orjson once (nesting bounded: MAX_JSON_DEPTH); validate the fields
                     we need; model must exist
@@ -18,7 +18,7 @@
     keep            hooks.cache.keep            (an answer the route's cache may keep)
     answer          a dialect's whole answer re-encoded (Messages, Responses), so the
                     status recorded is the one the client gets
-    finish          hooks.observers; hooks.telemetry.finish(record): metrics, access log,
+    finish          hooks.observers; telemetry.finish(record): metrics, access log,
                     dashboard sample and spans, all from the request record
 
 Observers are told `request_started`, `attempt_finished` after each try and
@@ -34,35 +34,35 @@ from random import getrandbits
 import orjson
 from aiohttp import web
 
-from gateway.api.validate import model_name
-from gateway.auth import TENANT_HEADER, Authenticator
-from gateway.errors import (
+from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.auth import TENANT_HEADER, Authenticator
+from gateway.core.context import Attempt, Endpoint, RequestContext
+from gateway.core.deadline import DEADLINE_HEADER, Deadline, budgets_ms
+from gateway.core.errors import (
     TIMING_KEY,
     BadRequest,
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
     UpstreamTimeout,
+    log_error,
 )
-from gateway.hooks import Hooks
-from gateway.log_text import escaped
-from gateway.pipeline.attempt_facts import AttemptFacts
-from gateway.pipeline.context import Attempt, Endpoint, RequestContext
-from gateway.pipeline.deadline import DEADLINE_HEADER, Deadline, budgets_ms
+from gateway.core.hooks import Admitted, Hooks
+from gateway.core.live_policy import LivePolicy
+from gateway.core.log_text import escaped
+from gateway.core.whole_response import WholeResponse
 from gateway.pipeline.outcome import deadline_exceeded, exhausted
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
-from gateway.pipeline.request_body import json_object, read_limited
+from gateway.pipeline.request_body import json_object, model_name, read_limited
 from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
-from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
-from gateway.server.whole_response import WholeResponse
+from gateway.telemetry.service import Telemetry
 from gateway.upstream.openai import PRIORITY_HEADER, UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
 from policies.model_names import unserved_model
-from routing.decide import RouteDecision
 
 log = logging.getLogger("routegate.pipeline")
 
@@ -70,84 +70,129 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 class Pipeline:
-    def __init__(self, live: LivePolicy, pool: UpstreamPool, hooks: Hooks) -> None:
+    def __init__(self, live: LivePolicy, pool: UpstreamPool, hooks: Hooks,
+                 telemetry: Telemetry) -> None:
         self.live = live
         self.pool = pool
         self.hooks = hooks
+        self.telemetry = telemetry
         self.auth = Authenticator()
         self.retries = RetryPolicy()
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        """Answer the request, and only after its last byte is written settle it, keep
+        it, tell the observers and report its record: none of them delays the answer."""
         ctx = self.begin(request, endpoint)
-        record = ctx.record
-        observers = self.hooks.observers
-        for observer in observers:
+        for observer in self.hooks.observers:
             observer.request_started(ctx)
-        answered = False  # ctx.status is the one the client gets
+        admitted: Admitted | None = None
+        kept: tuple[object, web.StreamResponse] | None = None  # (cache plan, answer)
         try:
-            with record.step("routegate.auth"):
-                self.authenticate(ctx)
-            identity = ctx.identity
-            if identity is not None:
-                record.tenant, record.auth = identity.tenant, identity.auth
-                record.priority = priority_of(ctx, identity.tenant)
-            await self.read_body(ctx)
-            await self.parse(ctx)
-            note_request(record, ctx.endpoint.name, ctx.model, ctx.stream, ctx.body)
-            with record.step("routegate.rate_limit"):
-                await self.hooks.admission.admit(ctx)
             try:
-                with record.step("routegate.route"):
-                    self.route(ctx)
-                    note_decision(record, ctx.model, ctx.candidates,
-                                  ctx.decision if isinstance(ctx.decision, RouteDecision)
-                                  else None)
-                cache = self.hooks.cache
-                ctx.cache_plan = cache.plan(ctx)  # None (most routes): no cache step at all
-                cached = await cache.serve(ctx) if ctx.cache_plan is not None else None
-                response = cached if cached is not None else await self.forward(ctx)
-            finally:
-                await self.hooks.admission.settle(ctx)
-            if ctx.status is None:
-                ctx.status = response.status
-            if ctx.cache_plan is not None:
-                await cache.keep(ctx, response)
-            dialect = ctx.endpoint.dialect
-            if dialect is not None and isinstance(response, WholeResponse) \
-                    and not response.prepared:
-                response = await dialect.whole_answer(response)
-                ctx.status = response.status
-            answered = True
+                admitted = await self.admit(ctx)
+                response, kept = await self.respond(ctx)
+            except GatewayError as exc:
+                response = self.refused(ctx, exc)
+            await self.send(ctx, response)
             return response
-        except GatewayError as exc:
-            ctx.error, ctx.status = exc, exc.status
-            exc.headers.setdefault("X-Request-Id", ctx.request_id)
-            for name, value in ctx.response_headers.items():
-                exc.headers.setdefault(name, value)
-            if not record.attempts:  # refused before any attempt: a limit or a shed?
-                record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
-            answered = True
-            raise
         except asyncio.CancelledError:
             ctx.status = CLIENT_CLOSED
-            answered = True
+            raise
+        except BaseException:
+            if not ctx.bytes_sent:
+                ctx.status = None  # an unexpected exception, which the middleware answers
             raise
         finally:
-            if not answered and not ctx.bytes_sent:
-                ctx.status = None  # an unexpected exception, which the middleware answers
-            for observer in observers:
+            await self.finish(ctx, admitted, kept)
+
+    async def admit(self, ctx: RequestContext) -> Admitted | None:
+        record = ctx.record
+        with record.step("routegate.auth"):
+            self.authenticate(ctx)
+        identity = ctx.caller
+        record.tenant, record.auth = identity.tenant, identity.auth
+        record.priority = priority_of(ctx, identity.tenant)
+        await self.read_body(ctx)
+        await self.parse(ctx)
+        note_request(record, ctx.endpoint.name, ctx.model, ctx.stream, ctx.body)
+        with record.step("routegate.rate_limit"):
+            return await self.hooks.admission.admit(ctx)
+
+    async def respond(self, ctx: RequestContext,
+                      ) -> tuple[web.StreamResponse, tuple[object, web.StreamResponse] | None]:
+        """The answer, kept by the cache or from a backend (a stream is written as it
+        arrives; a whole answer in the endpoint's own API), and for a route with a cache
+        its plan and the answer as the backend gave it, to keep."""
+        with ctx.record.step("routegate.route"):
+            self.route(ctx)
+            note_decision(ctx.record, ctx.model, ctx.candidates, ctx.decision)
+        cache = self.hooks.cache
+        plan = cache.plan(ctx)  # None (most routes): no cache step at all
+        cached = await cache.serve(ctx, plan) if plan is not None else None
+        response = cached if cached is not None else await self.forward(ctx)
+        ctx.status = response.status if ctx.status is None else ctx.status
+        kept = (plan, response) if plan is not None else None
+        dialect = ctx.endpoint.dialect
+        if dialect is not None and isinstance(response, WholeResponse) and not response.prepared:
+            response = await dialect.whole_answer(response)
+            ctx.status = response.status
+        return response, kept
+
+    def refused(self, ctx: RequestContext, exc: GatewayError) -> WholeResponse:
+        """The error as the client's API writes it, with this request's headers."""
+        # Its traceback and cause hold the frames of the steps that raised it, and they
+        # the context, which refers back to it: a cycle only the collector would free.
+        exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+        ctx.error, ctx.status = exc, exc.status
+        exc.headers.setdefault("X-Request-Id", ctx.request_id)
+        for name, value in ctx.response_headers.items():
+            exc.headers.setdefault(name, value)
+        record = ctx.record
+        if not record.attempts:  # refused before any attempt: a limit or a shed?
+            record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
+        log_error(log, ctx.request, exc)
+        render = ctx.endpoint.errors
+        return render(exc) if render is not None else exc.to_response()
+
+    @staticmethod
+    async def send(ctx: RequestContext, response: web.StreamResponse) -> None:
+        """Write a whole response now (a stream was written as it was relayed)."""
+        if not response.prepared:
+            response.headers["Server-Timing"] = ctx.timing.server_timing()
+            try:
+                await response.prepare(ctx.request)
+                await response.write_eof()
+            except ConnectionResetError:  # the client went away before it had it all
+                ctx.status = CLIENT_CLOSED
+                return
+        if ctx.error is not None and ctx.error.ends_connection:
+            # the client stopped sending: close rather than linger reading what is left
+            ctx.request.protocol.force_close()
+
+    async def finish(self, ctx: RequestContext, admitted: Admitted | None,
+                     kept: tuple[object, web.StreamResponse] | None) -> None:
+        """After the last byte (or the disconnect): settlement, the cache, observers and
+        the record's reporters, each once."""
+        record = ctx.record
+        try:
+            if admitted is not None:
+                await admitted.settle(ctx)
+            if kept is not None:
+                await self.hooks.cache.keep(ctx, *kept)
+        finally:
+            for observer in self.hooks.observers:
                 observer.request_finished(ctx)
             if ctx.facts is not None:  # a disconnect or an error may leave it open
                 ctx.facts.end()
             # no status: an unexpected exception, which the middleware answers with a 500
             record.status = ctx.status if ctx.status is not None else 500
             record.error_code = ctx.error.code if ctx.error is not None else None
-            self.hooks.telemetry.finish(record)
+            self.telemetry.finish(record)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
         policy, timing = self.live.current, request[TIMING_KEY]
         request_id = f"{getrandbits(96):024x}"  # unique, not secret: no system call
-        record = self.hooks.telemetry.begin(
+        record = self.telemetry.begin(
             request_id=request_id, method=request.method, path=request.path,
             headers=request.headers, timings=timing, client=request.remote,
             record_content=policy.file.compliance.record_content)
@@ -172,9 +217,7 @@ class Pipeline:
         ctx.body = body
         ctx.model = model_name(body)
         ctx.endpoint.check(body)
-        identity = ctx.identity
-        tenant = identity.tenant if identity else ctx.policy.file.auth.anonymous.tenant
-        key_hash = identity.key_hash if identity else None
+        tenant, key_hash = ctx.caller.tenant, ctx.caller.key_hash
         served = ctx.policy.usable(ctx.model, tenant, key_hash)
         if served is None:
             unserved = unserved_model(ctx.policy, ctx.model, ctx.policy.access_of(tenant, key_hash))
@@ -215,13 +258,12 @@ class Pipeline:
     def deadline(ctx: RequestContext) -> Deadline | None:
         """From the budgets routing read (or, with no router of ours, the route's)."""
         decision = ctx.decision
-        if isinstance(decision, RouteDecision):
+        if decision is not None:
             features = decision.features
             ttft_ms, total_ms = features.ttft_budget_ms, features.total_budget_ms
         else:
-            tenant = ctx.identity.tenant if ctx.identity is not None else None
             ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.policy.resolve_model(
-                ctx.model, tenant), ctx.request.headers)
+                ctx.model, ctx.caller.tenant), ctx.request.headers)
         return Deadline.of(ctx.timing.start, ttft_ms, total_ms)
 
     async def forward(self, ctx: RequestContext) -> web.StreamResponse:
@@ -284,7 +326,7 @@ class Pipeline:
                 if wait_s is None:
                     break
                 retried += 1
-                self.hooks.telemetry.metrics.observe_retry(target.backend_name)
+                self.telemetry.metrics.observe_retry(target.backend_name)
                 await asyncio.sleep(wait_s)
         if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
             raise deadline_exceeded(ctx, [*unavailable, *late])
@@ -304,7 +346,7 @@ class Pipeline:
         ctx.attempts.append(attempt)
         # Entered and left by hand, not through an AsyncExitStack (measurably cheaper):
         # a refusal at the door moves on to the next candidate at no cost.
-        telemetry, record = self.hooks.telemetry, ctx.record
+        telemetry, record = self.telemetry, ctx.record
         held = QueuedSlot(record, ctx.timing, target.backend_name,
                           telemetry.metrics.queue_depth_of(target.backend_name),
                           self.hooks.queue.slot(ctx, target))
@@ -319,6 +361,7 @@ class Pipeline:
             facts = ctx.facts = AttemptFacts.start(
                 record, target, ctx.timing, telemetry.metrics.in_flight_of(target.backend_name),
                 ctx.upstream_headers, telemetry.new_span_id)
+            attempt.record = facts.attempt
             timeouts = None
             if deadline is not None:  # after the queue: its wait came out of the budget
                 now = ctx.timing.clock()
@@ -336,13 +379,11 @@ class Pipeline:
             try:
                 response = await upstream.open(path, body, ctx.upstream_headers, timeouts)
                 facts.responded(response.headers, response.status)
-                attempt.status = response.status
                 if ctx.stream and response.content_type == "text/event-stream":
                     result = await relay_stream(ctx, response)
                 else:
                     result = await relay_body(ctx, response)
             except UpstreamFailure as failure:
-                attempt.error, attempt.status = failure.error.message, failure.status
                 attempt.cannot = failure.cannot
                 attempt.retry_after_s = failure.retry_after_s
                 attempt.deadline_cut = deadline is not None and isinstance(
@@ -370,7 +411,7 @@ def _misfit(ctx: RequestContext, deadline: Deadline, key: str) -> str | None:
     """Why the fallback `key` is predicted not to fit what is left of the budget. Not
     asked when routing chose past the budget anyway (`on_budget_miss: fastest`)."""
     decision = ctx.decision
-    if not isinstance(decision, RouteDecision) or decision.budget_missed:
+    if decision is None or decision.budget_missed:
         return None
     for candidate in decision.candidates:
         if candidate.key == key:

@@ -14,17 +14,14 @@ from typing import Any, ClassVar
 import orjson
 from aiohttp import web
 
-from gateway.auth import require_admin
-from gateway.errors import GatewayError, NotFound
-from gateway.hooks import Hooks
-from gateway.policy.live import LivePolicy
+from gateway.core.auth import require_admin
+from gateway.core.errors import GatewayError, NotFound
+from gateway.core.hooks import Observer
+from gateway.core.live_policy import LivePolicy
+from gateway.plugin import Provides, Wiring
 from gateway.policy.shadow import ShadowPolicy
 from gateway.policy.watch import PolicyReloader, ReloadResult, reload_context
-from gateway.route.hook import ROUTING
-from gateway.settings import Settings
 from policies.load import load
-from routing.stats import StatsSnapshot
-from routing.tokens import TokenCounter
 
 LIVE = web.AppKey("routegate.policy_admin.live", LivePolicy)
 RELOADER = web.AppKey("routegate.policy_reloader", PolicyReloader)
@@ -46,28 +43,26 @@ class InvalidPolicy(GatewayError):
         return {**super().body(), "reload": self.result.to_dict()}
 
 
-def install_policy_admin(app: web.Application, live: LivePolicy, hooks: Hooks,
-                         settings: Settings) -> None:
+def install(wiring: Wiring) -> Provides:
     """Wire hot reload (when the policy came from a file), shadow mode (when asked for)
     and the admin endpoints. Both counters live in the app's own metrics registry."""
-    metrics = hooks.telemetry.metrics
+    app, live, settings, metrics = wiring.app, wiring.live, wiring.settings, wiring.metrics
+    observers: list[Observer] = []
     app[LIVE] = live
     if settings.policy_path is not None:
         reloader = PolicyReloader(live, settings.policy_path, reloads=metrics.policy_reloads)
         app[RELOADER] = reloader
         app.cleanup_ctx.append(reload_context(reloader, watch=settings.watch_policy))
     if settings.shadow_policy_path is not None:
-        routing = app.get(ROUTING)
         # Same token counter and the same live statistics as the live decision.
-        shadow = ShadowPolicy(load(settings.shadow_policy_path),
-                              tokens=routing.tokens if routing else TokenCounter(),
-                              stats=routing.stats.snapshot if routing else StatsSnapshot,
-                              registry=metrics.registry)
+        shadow = ShadowPolicy(load(settings.shadow_policy_path), tokens=wiring.tokens,
+                              stats=wiring.stats.snapshot, registry=metrics.registry)
         app[SHADOW] = shadow
-        hooks.observers.append(shadow)
+        observers.append(shadow)
     app.router.add_get("/admin/policy", get_policy)
     app.router.add_post("/admin/policy/reload", post_reload)
     app.router.add_get("/admin/policy/shadow", get_shadow)
+    return Provides(observers=tuple(observers))
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

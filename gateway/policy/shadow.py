@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.pipeline.context import Attempt, RequestContext
+from gateway.core.context import Attempt, RequestContext
 from policies.load import Policy
 from routing.decide import RouteDecision, Router
 from routing.features import (

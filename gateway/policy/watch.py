@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import watchfiles
 from aiohttp import web
 
-from gateway.policy.live import LivePolicy
+from gateway.core.live_policy import LivePolicy
 from policies.errors import PolicyError
 from policies.load import Policy, load
 

@@ -11,9 +11,9 @@ import dataclasses
 import orjson
 from aiohttp import web
 
-from gateway.auth import require_admin
-from gateway.hooks import Hooks
-from gateway.policy.live import LivePolicy
+from gateway.core.auth import require_admin
+from gateway.core.live_policy import LivePolicy
+from gateway.plugin import Provides, Wiring
 from gateway.queueing.queues import BackendQueues
 from gateway.queueing.slot_hook import QueueSlotHook
 
@@ -21,18 +21,17 @@ QUEUES = web.AppKey("routegate.queues", BackendQueues)
 _LIVE = web.AppKey("routegate.queueing.live", LivePolicy)
 
 
-def install(app: web.Application, live: LivePolicy, hooks: Hooks, *,
-            queues: BackendQueues | None = None, share: int = 1) -> BackendQueues:
-    """Limits come from the policy (`backends.<name>.max_concurrency`) and follow reloads;
-    `share`: how many gateway processes on this machine divide each limit."""
-    queues = queues or BackendQueues(share=share)
+def install(wiring: Wiring, *, queues: BackendQueues | None = None) -> Provides:
+    """Limits come from the policy (`backends.<name>.max_concurrency`) and follow reloads,
+    shared out among the gateway processes on this machine (`serve --workers`)."""
+    app, live = wiring.app, wiring.live
+    queues = queues or BackendQueues(share=wiring.settings.workers)
     queues.apply_policy(live.current)
     live.on_swap(queues.apply_policy)
-    hooks.queue = QueueSlotHook(queues)
     app[QUEUES] = queues
     app[_LIVE] = live
     app.router.add_get("/admin/queues", get_queues)
-    return queues
+    return Provides(queue=QueueSlotHook(queues))
 
 
 async def get_queues(request: web.Request) -> web.Response:

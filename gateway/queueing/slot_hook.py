@@ -9,7 +9,7 @@ and leaves it when the response (the whole stream) has been relayed:
 - a request whose deadline passes while it waits raises `DeadlinePassed` (504);
 - a client that disconnects cancels the wait and leaves the queue at once.
 
-The request's deadline is when its first token is due (`gateway/pipeline/deadline.py`: the
+The request's deadline is when its first token is due (`gateway/core/deadline.py`: the
 route's `latency_budget`, tightened by the request's budget headers);
 its priority is its tenant's (`tenants.<name>.priority`, else `defaults.priority`).
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.errors import DeadlinePassed, NoBackendAvailable
-from gateway.pipeline.context import RequestContext
+from gateway.core.context import RequestContext
+from gateway.core.errors import DeadlinePassed, NoBackendAvailable
 from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
 from gateway.queueing.fair_share import Priority
 from gateway.queueing.queues import BackendQueues
@@ -95,7 +95,7 @@ class _Slot:
     async def _acquire_all(self) -> None:
         """A slot in each of the target's queues (its own, then its backend's), or none."""
         ctx, target, queues = self._ctx, self._target, self._hook.queues
-        tenant = ctx.identity.tenant if ctx.identity is not None else "anonymous"
+        tenant = ctx.caller.tenant
         priority, deadline = priority_of(ctx, tenant), self._hook.deadline(ctx)
         tickets = self._tickets
         try:

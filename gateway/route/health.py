@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from gateway.log_text import escaped
-from gateway.policy.live import LivePolicy
+from gateway.core.live_policy import LivePolicy
+from gateway.core.log_text import escaped
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
 from routing.stats import LiveStats

@@ -21,7 +21,6 @@ request that runs under the new policy.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -33,7 +32,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.errors import (
+from gateway.core.context import Attempt, RequestContext
+from gateway.core.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
@@ -41,12 +41,8 @@ from gateway.errors import (
     NoBackendAvailable,
     RateLimited,
 )
-from gateway.hooks import Hooks, QueueSlots
-from gateway.pipeline.context import Attempt, RequestContext
-from gateway.policy.live import LivePolicy
-from gateway.route.load import install as install_load_poller
+from gateway.core.hooks import QueueSlots
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.upstream.pool import UpstreamPool
 from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
 from routing.capabilities import Learned, bits_for_param
@@ -130,16 +126,16 @@ class RoutingHook:
 
     def __call__(self, ctx: RequestContext) -> Sequence[ModelTarget]:
         compiled = self._for(ctx.policy)
-        tenant = ctx.identity.tenant if ctx.identity is not None else \
-            ctx.policy.file.auth.anonymous.tenant
+        caller = ctx.caller
+        tenant = caller.tenant
         stats = self.stats.snapshot()
         try:
             features = build_features(
                 ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
                 pii=compiled.pii, stats=stats,
                 tenant_budget_left_micro_usd=ctx.budget_left_micros,
-                input_tokens=ctx.estimated_input_tokens if ctx.ticket is not None else None,
-                key_hash=ctx.identity.key_hash if ctx.identity is not None else None)
+                input_tokens=ctx.estimated_input_tokens,
+                key_hash=caller.key_hash)
         except FeatureError as exc:
             if exc.not_found:
                 raise ModelNotFound(str(exc), param=exc.param) from exc
@@ -204,9 +200,7 @@ class RoutingHook:
             ttft_ms = max(0.0, request_ttft_ms - (started - timing.start) * 1000.0)
             # An SSE server sends its headers before prefill: a fair round trip.
             network_ms = timing.upstream_first_byte_ms
-        usage = ctx.usage or {}
-        output = usage.get("completion_tokens") or usage.get("output_tokens") or 0
-        output = output if isinstance(output, int) else 0
+        output = ctx.record.output_tokens or 0  # as the backend reported them
         candidate = _candidate(decision, key)
         error = self.stats.record_success(
             key, network_ms=network_ms, ttft_ms=ttft_ms, total_ms=total_ms,
@@ -261,9 +255,11 @@ class _CountedSlot:
         self._hook.ejections.attempt_started(
             target.key, monotonic(), ctx.policy.file.resilience.outlier_detection)
         ctx.response_headers[ROUTE_HEADER] = target.key  # tried last, or answered
-        candidate = _candidate(ctx.decision, target.key)
-        if candidate is not None and target.backend.deployment == "dedicated":
-            tokens = ctx.decision.features.input_tokens + ctx.decision.features.output_tokens
+        decision = ctx.decision
+        candidate = _candidate(decision, target.key)
+        if decision is not None and candidate is not None and \
+                target.backend.deployment == "dedicated":
+            tokens = decision.features.input_tokens + decision.features.output_tokens
             # µUSD per token is USD per million tokens: what settlement charges.
             ctx.amortised_usd_per_mtok = candidate.cost_micro_usd / max(tokens, 1)
         else:
@@ -307,25 +303,3 @@ def _back_in_s(decision: RouteDecision, stats: StatsSnapshot, now: float) -> flo
 
 
 ROUTING = web.AppKey("routegate.routing", RoutingHook)
-
-
-def install(app: web.Application, hooks: Hooks, *, live: LivePolicy | None = None,
-            pool: UpstreamPool | None = None, hook: RoutingHook | None = None) -> RoutingHook:
-    """Plug routing into the pipeline. The in-flight counter wraps `hooks.queue` at
-    start-up, so it wraps whichever queue was installed, in any order. With `live`
-    and `pool`, dedicated backends' own `/metrics` are polled for their load."""
-    hook = hook or RoutingHook()
-    hooks.router = hook
-    hooks.observers.append(hook)
-    app[ROUTING] = hook
-
-    async def wrap_queue(_: web.Application) -> None:
-        hooks.queue = hook.counting(hooks.queue)
-        hook.metrics = hooks.telemetry.metrics
-        # Load the BPE tables now, off the loop, not inside the first request.
-        await asyncio.to_thread(hook.tokens.encoding_for, "")
-
-    app.on_startup.append(wrap_queue)
-    if live is not None and pool is not None:
-        install_load_poller(app, live, pool, hook.stats)
-    return hook

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 import aiohttp
 from aiohttp import web
 
-from gateway.policy.live import LivePolicy
+from gateway.core.live_policy import LivePolicy
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats
 

@@ -65,7 +65,7 @@ from gateway.compat.aiohttp import (
     make_connections_with,
     set_match_info,
 )
-from gateway.errors import (
+from gateway.core.errors import (
     BadRequest,
     GatewayError,
     HttpVersionNotSupported,

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gateway.app import LIVE_POLICY, create_app
 from gateway.compat import IncompatibleAiohttp, check_aiohttp
-from gateway.server.drain import CUT_GRACE_S, DRAIN, drain_and_stop
+from gateway.core.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.server.runner import GatewayRunner
 from gateway.server.workers import supervise, worker_count
 from gateway.settings import Settings, default_policy_path, package_version
@@ -125,7 +125,7 @@ def settle_garbage_collector() -> None:
 async def serve(app: web.Application, settings: Settings) -> int:
     # handler_cancellation: a client that disconnects cancels its handler at once, which
     # closes the upstream connection so the backend stops generating for nobody.
-    # shutdown_timeout: the drain has already waited for requests (gateway/server/drain.py).
+    # shutdown_timeout: the drain has already waited for requests (gateway/core/drain.py).
     runner = GatewayRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=CUT_GRACE_S)
     await runner.setup()

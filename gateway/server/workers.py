@@ -10,7 +10,7 @@
       └─ worker 0 … N-1: `routegate serve` each, listening with SO_REUSEPORT (the kernel
          spreads new connections among them); one that dies is started again
 
-Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/server/drain.py`)
+Signals: SIGTERM and SIGINT go to every worker, which drain (`gateway/core/drain.py`)
 and flush their spans to the exporter; the supervisor waits for them, then stops the
 exporter (which exports what it holds), the backends and Redis. SIGHUP, and a change
 of the policy file, reach every worker (each watches the file; SIGHUP is forwarded)
@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gateway.core.live_policy import LivePolicy
 from gateway.launch.board import LaunchBoard
 from gateway.launch.supervisor import Supervisor
-from gateway.policy.live import LivePolicy
 from gateway.policy.watch import PolicyReloader
 from gateway.settings import Settings
 from gateway.telemetry.tracing.setup import (

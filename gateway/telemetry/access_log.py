@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
-from gateway.log_text import json_line
-from gateway.pipeline.record import RequestRecord
-from gateway.pipeline.timing import TimingSplit
+from gateway.core.log_text import json_line
+from gateway.core.record import RequestRecord
+from gateway.core.timing import TimingSplit
 
 LOGGER_NAME = "routegate.access"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.auth import require_admin
-from gateway.policy.live import LivePolicy
+from gateway.core.auth import require_admin
+from gateway.core.live_policy import LivePolicy
 from gateway.telemetry.metrics import GatewayMetrics
 
 

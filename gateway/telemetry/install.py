@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TextIO
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.dashboard import dashboard_routes
-from gateway.policy.live import LivePolicy
-from gateway.telemetry.access_log import LOGGER_NAME, json_line_handler
+from gateway.core.live_policy import LivePolicy
 from gateway.telemetry.endpoints import metrics_route
 from gateway.telemetry.service import Telemetry
 
@@ -21,12 +16,9 @@ TELEMETRY = web.AppKey("routegate.telemetry", Telemetry)
 
 
 def install_telemetry(app: web.Application, telemetry: Telemetry,
-                      policy: LivePolicy | None = None, *,
-                      state: Callable[[], dict[str, Any]] | None = None) -> None:
-    """`state`: what the dashboard shows beside the traffic (policy, backend health)."""
+                      policy: LivePolicy | None = None) -> None:
     app[TELEMETRY] = telemetry
-    app.router.add_routes([metrics_route(telemetry.metrics, policy=policy),
-                           *dashboard_routes(telemetry.live, policy=policy, state=state)])
+    app.router.add_routes([metrics_route(telemetry.metrics, policy=policy)])
     app.cleanup_ctx.append(_flush_at_shutdown)
 
 
@@ -50,12 +42,3 @@ async def _every_second(telemetry: Telemetry) -> None:
         await asyncio.sleep(ACCESS_LOG_FLUSH_S)
         telemetry.access_log.flush()
         telemetry.metrics.observe_dropped_spans(telemetry.dropped_spans())
-
-
-def configure_access_log(stream: TextIO | None = None) -> None:
-    """Entry point only: access lines go out bare (one JSON object per line), unprefixed."""
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    if not logger.handlers:
-        logger.addHandler(json_line_handler(stream or sys.stdout))

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gateway.pipeline.record import RequestRecord
-from gateway.pipeline.timing import TimingSplit
+from gateway.core.record import RequestRecord
+from gateway.core.timing import TimingSplit
 from gateway.telemetry.metric_series import (
     CounterFamily,
     CounterSeries,

@@ -13,8 +13,8 @@ from time import perf_counter, time_ns
 from typing import IO
 
 import gateway.telemetry.semconv as a
-from gateway.pipeline.record import RequestRecord
-from gateway.pipeline.timing import Clock, RequestTimings
+from gateway.core.record import RequestRecord
+from gateway.core.timing import Clock, RequestTimings
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.live import LiveWindow, Sample
 from gateway.telemetry.metrics import GatewayMetrics

@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.policy.live import LivePolicy
+from gateway.core.live_policy import LivePolicy
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy

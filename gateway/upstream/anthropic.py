@@ -21,7 +21,8 @@ import aiohttp
 import orjson
 from multidict import CIMultiDictProxy
 
-from gateway.errors import BadRequest
+from gateway.core.deadline import Timeouts
+from gateway.core.errors import BadRequest
 from gateway.upstream.chat_to_anthropic import (
     ChunkTranslator,
     StreamError,
@@ -29,7 +30,7 @@ from gateway.upstream.chat_to_anthropic import (
     messages_request,
     openai_error,
 )
-from gateway.upstream.http1 import Http1Response, Timeouts
+from gateway.upstream.http1 import Http1Response
 from gateway.upstream.openai import OpenAIUpstream
 from policies.schema import Backend
 

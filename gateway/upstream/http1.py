@@ -47,7 +47,6 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from time import monotonic
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from aiohttp import (
@@ -60,6 +59,7 @@ from aiohttp import (
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.compat.aiohttp import MalformedResponse, PooledResponseHandler
+from gateway.core.deadline import Timeouts
 from gateway.upstream.flow_control import write_with_flow_control
 from gateway.upstream.tls import tls_context
 
@@ -93,13 +93,6 @@ class BodyTooLarge(ClientPayloadError):
     def __init__(self, max_bytes: int) -> None:
         super().__init__(f"response body over {max_bytes} bytes")
         self.max_bytes = max_bytes
-
-
-class Timeouts(NamedTuple):
-    connect_s: float
-    first_byte_s: float
-    total_s: float
-    pool_wait_s: float = 10.0  # waiting for a free connection (within `total_s`)
 
 
 class Http1Response:

@@ -18,14 +18,15 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
 
-from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response, Timeouts
+from gateway.core.deadline import Timeouts
+from gateway.core.errors import UpstreamError, UpstreamTimeout
+from gateway.core.incapable import CONTEXT_LENGTH_EXCEEDED, Incapable
+from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response
 from gateway.upstream.rewrite import spliced_fields, upstream_body, with_fields
 from gateway.upstream.tls import ca_stamp, tls_context
 from policies.bands import PRIORITY_BANDS
@@ -71,21 +72,6 @@ class UpstreamFailure(Exception):
         return max(0.0, when.timestamp() - time.time())
 
 
-@dataclass(frozen=True, slots=True)
-class Incapable:
-    """A backend's 4xx that means "this model cannot do that", not "the request is
-    wrong": another candidate may serve it, and routing remembers it for the target."""
-
-    code: str  # context_length_exceeded | unsupported_parameter | unsupported_value
-    param: str | None  # the field it named (`tools`, `response_format`, `messages`)
-    message: str  # the backend's own words, for the client if no candidate can
-
-    @property
-    def context_exceeded(self) -> bool:
-        return self.code == CONTEXT_LENGTH_EXCEEDED
-
-
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # no such path (`/embeddings` on a chat server)
 _CANNOT_CODES = frozenset({CONTEXT_LENGTH_EXCEEDED, "unsupported_parameter",
                            "unsupported_value"})

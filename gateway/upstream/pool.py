@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from gateway.errors import BadRequest
+from gateway.core.deadline import Timeouts
+from gateway.core.errors import BadRequest
 from gateway.upstream.anthropic import AnthropicUpstream, unsupported_message
-from gateway.upstream.http1 import Timeouts
 from gateway.upstream.openai import OpenAIUpstream
 from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy

@@ -16,29 +16,29 @@ import logging
 import signal
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
-from aiohttp.web_protocol import RequestHandler
 
+from local_backend.aiohttp_compat import (
+    BadHttpMessage,
+    BadHttpMethod,
+    HookedAppRunner,
+    LineTooLong,
+    check_aiohttp,
+    make_connections_with,
+)
 from local_backend.server.errors import ApiError
 
 log = logging.getLogger("local_backend.server")
 
 
-class BackendRunner(web.AppRunner):
+class BackendRunner(HookedAppRunner):
     """`web.AppRunner` whose connections answer unparseable requests as described above."""
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _Server  # the app built it; only its connections' class changes
+    def server_built(self, server: web.Server) -> web.Server:
+        make_connections_with(server, _RequestHandler)
         return server
 
 
-class _Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _RequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _RequestHandler(RequestHandler):
+class _RequestHandler(web.RequestHandler):
     __slots__ = ()
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
@@ -78,6 +78,7 @@ async def serve(app: web.Application, host: str, port: int) -> int:
     """Serve `app` until SIGINT or SIGTERM, then shut it down (the engine stops with
     the app's cleanup). 1 when the address cannot be bound."""
     # handler_cancellation: a client that disconnects aborts its request in the engine
+    check_aiohttp()
     runner = BackendRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()

@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 

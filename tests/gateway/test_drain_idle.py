@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.server.drain import DRAIN, drain_and_stop
+from gateway.core.drain import DRAIN, drain_and_stop
 from gateway.server.runner import GatewayRunner
 from gateway.settings import Settings
 from tests.conftest import StartUpstream, as_policy, single_backend_policy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import HOOKS
+from gateway.api.openai import PIPELINE
 from tests.conftest import StartGateway, StartScripted, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.test_streaming import STREAM_BODY
@@ -105,7 +106,8 @@ async def test_attempts_are_bounded_by_max_attempts(
         "auth": {"anonymous": {"enabled": True}},
     }
     gateway = await start_gateway(policy)
-    gateway.app[HOOKS].max_attempts = 2
+    pipeline = gateway.app[PIPELINE]
+    pipeline.hooks = dataclasses.replace(pipeline.hooks, max_attempts=2)
 
     code, _ = await _post(gateway.url)
 

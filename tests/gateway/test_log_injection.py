@@ -16,7 +16,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.log_text import escaped, json_line
+from gateway.core.log_text import escaped, json_line
 from tests.gateway.live_gateway import exchange, live_gateway, statuses
 
 SERVE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # `routegate serve`'s

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour
 

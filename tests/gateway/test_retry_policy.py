@@ -5,8 +5,8 @@ from __future__ import annotations
 import email.utils
 import time
 
-from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.pipeline.deadline import Deadline
+from gateway.core.deadline import Deadline
+from gateway.core.errors import UpstreamError, UpstreamTimeout
 from gateway.pipeline.retries import RetryPolicy, retry_after_s
 from gateway.upstream.openai import UpstreamFailure
 from policies.resilience import Retries

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.pipeline.sse import MalformedEvent, SseRelay
+from gateway.core.sse import MalformedEvent, SseRelay
 
 CONTENT = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1,'

@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.pipeline.sse import SseRelay
+from gateway.core.sse import SseRelay
 
 CONTENT = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
            b": keep-alive\n\n"

@@ -273,3 +273,20 @@ def test_ordered_is_an_objective_and_refuses_a_spread() -> None:
     with pytest.raises(PolicyError, match="ordered` has no such equals"):
         loads(ordered.replace("objective: ordered", "objective: ordered, spread: {}"),
               environ={})
+
+
+def test_a_route_cache_that_can_never_keep_an_answer_is_a_warning_naming_the_field() -> None:
+    """With content recording off (the default) a cache keeps nothing unless the route
+    opts in; such a cache is a warning (`policy check`, and logged at start-up)."""
+    route = "  chat: {targets: [local/llama, openai/gpt-4o-mini]}\n"
+    cached = BASE.replace(route, "  chat:\n    targets: [local/llama, openai/gpt-4o-mini]\n"
+                                 "    cache: {}\n")
+    assert cached != BASE
+    [warning] = loads(cached, environ={}).warnings
+    assert warning.field_path == "routes.chat.cache"
+    assert "can never keep an answer" in warning.message
+    assert warning.hint is not None and "store_content: true" in warning.hint
+    opted_in = cached.replace("    cache: {}\n", "    cache: {store_content: true}\n")
+    assert loads(opted_in, environ={}).warnings == ()
+    recording = cached + "compliance: {record_content: true}\n"
+    assert loads(recording, environ={}).warnings == ()

@@ -1,8 +1,7 @@
 """Latency prediction and amortised cost, on plain numbers."""
 
 from policies.load import loads
-from routing.cost import cost_micro_usd
-from routing.predict import TargetModel, estimate, predict
+from routing.predict import TargetModel, estimate, predict, predicted_cost_micros
 from routing.stats import LiveStats
 from tests.routing.policies import BASE, policy
 
@@ -48,7 +47,8 @@ def test_a_model_with_its_own_smaller_limit_queues_at_that_limit() -> None:
     stats.request_started(model.key)  # one running: the model's single slot is taken
     assert predict(model, 0, 100, stats.snapshot().target(model.key), 0.0).queue_ms > 0
     # the GPU still runs the backend's 4 at once: the amortised cost is unchanged
-    assert cost_micro_usd(model, 4000, 200, 50.0) == cost_micro_usd(LOCAL, 4000, 200, 50.0)
+    assert predicted_cost_micros(model, 4000, 200, 50.0) == \
+        predicted_cost_micros(LOCAL, 4000, 200, 50.0)
 
 
 def test_backend_reported_waiting_counts_while_fresh() -> None:
@@ -60,14 +60,14 @@ def test_backend_reported_waiting_counts_while_fresh() -> None:
 
 
 def test_shared_cost_is_tokens_times_price_in_micro_dollars() -> None:
-    assert cost_micro_usd(SHARED, 1000, 1000, 100.0) == 150 + 600
+    assert predicted_cost_micros(SHARED, 1000, 1000, 100.0) == 150 + 600
 
 
 def test_dedicated_cost_is_the_gpu_hour_spread_over_throughput() -> None:
     # $0.50/h = 138.9 µUSD/s; 4000 input tokens = 1 s prefill; 200 output tokens over
     # 4 streams at 50 tok/s = 1 s; 2 s of GPU.
-    assert cost_micro_usd(LOCAL, 4000, 200, 50.0) == 278
-    assert cost_micro_usd(LOCAL, 4000, 200, 100.0) < 278  # faster decode is cheaper
+    assert predicted_cost_micros(LOCAL, 4000, 200, 50.0) == 278
+    assert predicted_cost_micros(LOCAL, 4000, 200, 100.0) < 278  # faster decode is cheaper
 
 
 def test_the_hot_path_cost_agrees_with_the_cost_model() -> None:
@@ -78,4 +78,4 @@ def test_the_hot_path_cost_agrees_with_the_cost_model() -> None:
         snap = stats.snapshot().target(model.key)
         decode = predict(model, 1234, 321, snap, 0.0).decode_tokens_per_s
         assert estimate(model, 1234, 321, snap, 0.0)[4] == \
-            cost_micro_usd(model, 1234, 321, decode)
+            predicted_cost_micros(model, 1234, 321, decode)

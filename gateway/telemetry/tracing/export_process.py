@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 from gateway.telemetry.tracing.export_connections import OWNER, READ_BYTES, Connections
 from gateway.telemetry.tracing.frames import ACK, CONFIG, FLUSH, RECORDS, FrameBuffer, frame
 from gateway.telemetry.tracing.otlp_encode import EncodedBatch, OtlpEncoder, Resource, Scope

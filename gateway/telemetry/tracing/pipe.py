@@ -45,7 +45,7 @@ from collections import deque
 from itertools import count
 from typing import Any
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 from gateway.telemetry.tracing.export_process import exporter_config
 from gateway.telemetry.tracing.frames import (
     ACK,

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 from gateway.telemetry.tracing.span_build import SCOPE_NAME, SpanData, spans_of
 from gateway.telemetry.tracing.trace_context import new_span_id
 

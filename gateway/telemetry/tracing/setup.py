@@ -57,7 +57,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 from gateway.telemetry.tracing.export_process import exporter_config
 from gateway.telemetry.tracing.otlp_post import ExportConfig
 from gateway.telemetry.tracing.pipe import SpanPipe

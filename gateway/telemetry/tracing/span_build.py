@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gateway.telemetry.semconv as a
-from gateway.pipeline.record import AttemptRecord, RequestRecord, StepRecord
+from gateway.core.record import AttemptRecord, RequestRecord, StepRecord
 
 SCOPE_NAME = "routegate.gateway"  # the instrumentation scope of every gateway span
 INTERNAL, SERVER, CLIENT = 0, 1, 2  # SpanKind values

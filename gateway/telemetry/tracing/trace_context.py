@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import SpanKind, TraceFlags, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.pipeline.record import TraceIds
+from gateway.core.record import TraceIds
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _SAMPLED = int(TraceFlags.SAMPLED)

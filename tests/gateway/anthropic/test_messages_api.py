@@ -8,7 +8,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.anthropic_upstream import AnthropicBehaviour, FakeAnthropic
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI

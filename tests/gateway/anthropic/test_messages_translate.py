@@ -13,7 +13,7 @@ from gateway.api.messages_to_chat import (
     error_body,
     message,
 )
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest
 
 TURN = {"role": "user", "content": "hi"}
 

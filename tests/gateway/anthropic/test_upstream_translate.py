@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest
 from gateway.upstream.chat_to_anthropic import (
     DEFAULT_MAX_TOKENS,
     ChunkTranslator,

@@ -8,7 +8,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.limits.test_gateway_limits import ADMIN_HASH, ADMIN_KEY, usage

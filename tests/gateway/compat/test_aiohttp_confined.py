@@ -1,4 +1,5 @@
-"""No gateway module outside `gateway/compat/` touches aiohttp's private parts.
+"""No module outside the compat modules (`gateway/compat/`,
+`local_backend/aiohttp_compat.py`) touches aiohttp's private parts.
 
 Private, for this check: a module of aiohttp other than `aiohttp`, `aiohttp.web`,
 `aiohttp.abc` and `aiohttp.hdrs`; a name those do not export; an underscore attribute
@@ -206,3 +207,13 @@ def test_a_modules_own_underscore_attributes_are_its_business() -> None:
               "        self._loop = None\n        self._closed = False\n\n"
               "def close(pool):\n    pool._closed = True\n    return pool._loop\n")
     assert violations(source) == []
+
+
+def test_no_local_backend_module_outside_its_compat_touches_aiohttp_private_names() -> None:
+    """The backend is a program of its own: its private uses are in
+    `local_backend/aiohttp_compat.py`, checked when it starts serving."""
+    paths = sorted(path for path in (ROOT / "local_backend").rglob("*.py")
+                   if path.name != "aiohttp_compat.py")
+    found = [f"{path.relative_to(ROOT)}: {problem}" for path in paths
+             for problem in violations(path.read_text(encoding="utf-8"))]
+    assert not found, "\n".join(found)

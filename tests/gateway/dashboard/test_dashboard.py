@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from gateway.dashboard import dashboard_routes
 from gateway.telemetry.live import LiveWindow, Sample
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy

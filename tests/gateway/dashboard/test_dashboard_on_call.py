@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from gateway.telemetry.live import LiveWindow, Sample
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour

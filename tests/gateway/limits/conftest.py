@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.limits.memory import MemoryStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import LimitStore
+from gateway.stores.redis import connect
 from tests.redis_cluster import RedisClusterNodes
 from tests.redis_server import RedisServer
 

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.limits.failover import FailoverStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import BudgetLimits, Charge, Scope
+from gateway.stores.redis import connect
 from tests.redis_server import RedisServer
 
 SCOPES = (Scope("tenant", 10**6, None),)

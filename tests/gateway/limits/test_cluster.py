@@ -11,8 +11,9 @@ import pytest
 import redis
 
 from gateway.limits.failover import FailoverStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import BudgetLimits, Charge, Scope, StoreUnavailable
+from gateway.stores.redis import connect
 from tests.ports import free_port
 from tests.redis_cluster import RedisClusterNodes
 from tests.redis_server import RedisServer

@@ -11,6 +11,7 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.core.drain import DRAIN
 from tests.conftest import StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
 from tests.redis_server import RedisServer
@@ -173,6 +174,7 @@ async def test_a_dead_redis_neither_fails_nor_hangs_requests_and_is_used_again(
     gateway = await start_gateway(limited_policy(upstream.url, store=redis_server.url))
     client = gateway.openai(timeout=5.0)
     await client.chat.completions.create(model="chat", messages=MESSAGES)
+    await gateway.app[DRAIN].wait_idle()  # settled (after its last byte) into Redis
     redis_server.kill()
     loop = asyncio.get_running_loop()
     started = loop.time()

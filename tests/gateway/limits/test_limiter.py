@@ -6,7 +6,6 @@ import itertools
 
 import pytest
 
-from gateway.limits.ledger import cost_micros
 from gateway.limits.limiter import (
     BudgetExceeded,
     Limiter,
@@ -16,6 +15,7 @@ from gateway.limits.limiter import (
 from gateway.limits.memory import MemoryStore
 from gateway.limits.store import Charge
 from policies.load import Policy, loads
+from routing.cost import charged_micros
 
 KEY = "sha256:" + "ab" * 32
 POLICY = f"""
@@ -196,15 +196,15 @@ async def test_usage_reports_requests_tokens_and_spend_per_period(limiter, polic
 def test_shared_backends_cost_their_per_token_prices(policy) -> None:
     target = policy.targets["openai/gpt-4o-mini"]
     # 1000 × $0.15/M + 500 × $0.60/M = $0.00045 = 450 µ$
-    assert cost_micros(target.backend, target.spec, 1000, 500) == 450
+    assert charged_micros(target.backend, target.spec, 1000, 500) == 450
 
 
-def test_dedicated_backends_cost_their_gpu_hour_over_measured_throughput(policy) -> None:
+def test_dedicated_backends_charge_the_amortised_price_routing_decided_with(policy) -> None:
     target = policy.targets["local/llama"]
-    # $3.60/h at 1000 tokens/s = $1 per million tokens = 1 µ$ per token
-    assert cost_micros(target.backend, target.spec, 600, 400, measured_tokens_per_s=1000) == 1000
-    assert cost_micros(target.backend, target.spec, 600, 400,
-                       amortised_price_usd_per_mtok=2.5) == 2500
+    assert charged_micros(target.backend, target.spec, 600, 400,
+                          amortised_usd_per_mtok=2.5) == 2500
+    # no decision (nothing amortised): its declared per-token prices, none here
+    assert charged_micros(target.backend, target.spec, 600, 400) == 0
 
 
 async def test_per_route_limits_apply_inside_the_tenant(limiter, policy) -> None:

@@ -8,8 +8,9 @@ import asyncio
 import pytest
 import redis
 
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import BudgetLimits, Charge, Scope, StoreUnavailable
+from gateway.stores.redis import connect
 from tests.redis_server import RedisServer
 
 T0 = 1_764_400_000.0

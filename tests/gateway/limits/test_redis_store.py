@@ -16,9 +16,9 @@ from gateway.limits.redis_store import (
     SCOPE_TTL_MS,
     Receipt,
     RedisStore,
-    connect,
 )
 from gateway.limits.store import BudgetLimits, Charge, Scope
+from gateway.stores.redis import connect
 from tests.redis_server import RedisServer
 
 T0 = 1_764_400_000.0

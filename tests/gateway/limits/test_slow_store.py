@@ -17,10 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.limits.failover import FailoverStore
-from gateway.limits.redis_store import RedisStore, connect
+from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import BudgetLimits, Decision, Scope, StoreUnavailable
 from gateway.limits.store_latency import LatencyBudget, LatencyWindow
 from gateway.limits.store_metrics import StoreCollector
+from gateway.stores.redis import connect
 from tests.conftest import StartGateway, StartUpstream
 from tests.delay_proxy import DelayProxy
 from tests.gateway.limits.test_gateway_limits import ADMIN_KEY, MESSAGES, limited_policy

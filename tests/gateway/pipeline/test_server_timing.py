@@ -6,8 +6,8 @@ import re
 
 import aiohttp
 
-from gateway.pipeline.inference_time import InferenceReport
-from gateway.pipeline.timing import RequestTimings
+from gateway.core.inference_time import InferenceReport
+from gateway.core.timing import RequestTimings
 from tests.conftest import RunningGateway
 
 ENTRY = re.compile(r"^([a-z-]+);dur=(\d+\.\d{3})$")

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from gateway.queueing.http import QUEUES
 from tests.conftest import RunningGateway, StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI

@@ -9,7 +9,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.auth import key_hash
+from gateway.core.auth import key_hash
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.fakes.responses_upstream import FakeResponses

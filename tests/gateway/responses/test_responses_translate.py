@@ -9,7 +9,7 @@ import pytest
 
 from gateway.api.responses_output import EventEncoder, Shell, response_of
 from gateway.api.responses_request import chat_request, untranslatable
-from gateway.errors import BadRequest
+from gateway.core.errors import BadRequest
 
 
 def test_items_roles_and_formats_become_their_chat_counterparts() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from gateway.policy.live import LivePolicy
+from gateway.core.live_policy import LivePolicy
 from gateway.route.load import BackendLoadPoller, metrics_url, parse_load
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats

@@ -10,7 +10,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState, get_current_span
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 
 INBOUND = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
            "tracestate": "vendor=abc"}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gateway.limits.ledger import cost_micros
-from gateway.pipeline.attempt_facts import AttemptFacts
+from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.record import RequestRecord
 from gateway.pipeline.queue_wait import QueuedSlot
-from gateway.pipeline.record import RequestRecord
 from gateway.pipeline.request_facts import note_request
 from gateway.telemetry.service import Telemetry
 from policies.load import ModelTarget
 from policies.schema import Backend, ModelSpec
+from routing.cost import charged_micros
 from tests.gateway.telemetry.fake_clock import FakeClock
 
 PROMPT = "my secret plan is to buy 400 llamas"
@@ -92,7 +92,7 @@ async def scripted_request(
     facts.end()
     spec = target(backend)
     # what settlement charges: 12 in, 3 out at $100/$300 per Mtok
-    record.cost_micros = cost_micros(spec.backend, spec.spec, 12, 3)
+    record.cost_micros = charged_micros(spec.backend, spec.spec, 12, 3)
     if record.keeps_content:
         record.completion = COMPLETION
     tick(1)

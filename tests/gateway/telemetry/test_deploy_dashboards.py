@@ -9,9 +9,9 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.blob_store import MemoryBlobs
 from gateway.cache.metrics import CacheCollector
 from gateway.cache.response_cache import ResponseCache
+from gateway.stores.blobs import MemoryBlobs
 from gateway.telemetry.service import Telemetry
 from tests.gateway.telemetry.fake_clock import FakeClock
 from tests.gateway.telemetry.scripted_request import scripted_request

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.pipeline.inference_time import parse_server_timing
+from gateway.core.inference_time import parse_server_timing
 from policies.keys import hash_key as key_hash
 from tests.conftest import StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI

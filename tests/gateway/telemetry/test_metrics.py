@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.pipeline.timing import TimingSplit
+from gateway.core.timing import TimingSplit
 from gateway.telemetry.metric_series import CounterFamily, GaugeFamily, HistogramFamily
 from gateway.telemetry.metrics import GatewayMetrics, LabelGuard
 from gateway.telemetry.service import Telemetry

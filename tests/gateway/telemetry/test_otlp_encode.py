@@ -9,7 +9,7 @@ from opentelemetry.sdk.resources import Resource as SdkResource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from gateway.pipeline.record import RequestRecord, StepRecord
+from gateway.core.record import RequestRecord, StepRecord
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import Tracing
 from gateway.telemetry.tracing.otlp_encode import EncodedBatch, OtlpEncoder, Resource, Scope

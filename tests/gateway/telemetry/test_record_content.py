@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gateway.pipeline.content import MAX_CHARS, TRUNCATED, StreamText, completion_text
+from gateway.core.content import MAX_CHARS, TRUNCATED, StreamText, completion_text
 from tests.conftest import StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
 from tests.gateway.telemetry.conftest import StartTraced

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.pipeline.record import RequestRecord
+from gateway.core.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import Tracing
 from gateway.telemetry.tracing.export_process import exporter_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.pipeline.inference_time import parse_server_timing
+from gateway.core.inference_time import parse_server_timing
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.ports import free_port

@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.upstream.http1 import ConnectFailed, Http1Client, Timeouts
+from gateway.core.deadline import Timeouts
+from gateway.upstream.http1 import ConnectFailed, Http1Client
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RELAXED = Timeouts(connect_s=2.0, first_byte_s=5.0, total_s=10.0)

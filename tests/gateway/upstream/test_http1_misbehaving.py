@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from gateway.compat.aiohttp import MalformedResponse
-from gateway.upstream.http1 import Http1Client, Timeouts
+from gateway.core.deadline import Timeouts
+from gateway.upstream.http1 import Http1Client
 from tests.fakes.raw_backend import CLOSE, RESET, Pause, Piece, RawBackend, answer
 
 try:

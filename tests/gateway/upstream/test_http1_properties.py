@@ -26,7 +26,8 @@ import brotli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.upstream.http1 import Http1Client, Timeouts
+from gateway.core.deadline import Timeouts
+from gateway.upstream.http1 import Http1Client
 from tests.fakes.raw_backend import CLOSE, RESET, Pause, Piece, RawBackend
 
 try:

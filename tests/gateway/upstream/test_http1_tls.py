@@ -19,9 +19,10 @@ import trustme
 import yaml
 from aiohttp import web
 
+from gateway.core.deadline import Timeouts
 from gateway.policy.admin import RELOADER
 from gateway.settings import Settings
-from gateway.upstream.http1 import ConnectFailed, Http1Client, Timeouts
+from gateway.upstream.http1 import ConnectFailed, Http1Client
 from tests.conftest import StartGateway, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.pipeline.inference_time import UNKNOWN, InferenceReport
+from gateway.core.inference_time import UNKNOWN, InferenceReport
 
 Clock = Callable[[], float]  # monotonic seconds
 
@@ -169,10 +169,6 @@ class RequestTimings:
         if self.end_s is None:
             self.upstream_ended()
             self.end_s = self.clock()
-
-    @property
-    def first_token_seen(self) -> bool:
-        return self._first_token_s is not None
 
     @property
     def ttft_ms(self) -> float | None:

@@ -21,7 +21,7 @@ from operator import attrgetter
 from time import time_ns
 from typing import Any
 
-from gateway.pipeline.timing import RequestTimings, TimingSplit
+from gateway.core.timing import RequestTimings, TimingSplit
 
 # A span's error, as a span reports it: the exception's class name (or the failure's
 # statement) and a short description, never more than `ERROR_TEXT_CHARS` of it.

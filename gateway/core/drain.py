@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import ShuttingDown
-from gateway.pipeline.context import Attempt, RequestContext
+from gateway.core.context import Attempt, RequestContext
+from gateway.core.errors import ShuttingDown
 
 log = logging.getLogger("routegate.drain")
 

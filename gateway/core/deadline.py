@@ -20,8 +20,8 @@ import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from gateway.upstream.http1 import Timeouts
 from policies.load import Policy
 from policies.schema import Timeouts as BackendTimeouts
 from routing.features import (
@@ -34,6 +34,13 @@ from routing.features import (
 
 DEADLINE_HEADER = "x-routegate-deadline-ms"  # ms left of the total budget, to the backend
 TIMER_SLACK_S = 0.001  # how early an event loop timer may fire
+
+
+class Timeouts(NamedTuple):
+    connect_s: float
+    first_byte_s: float
+    total_s: float
+    pool_wait_s: float = 10.0  # waiting for a free connection (within `total_s`)
 
 
 @dataclass(frozen=True, slots=True)

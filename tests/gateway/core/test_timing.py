@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.pipeline.inference_time import InferenceReport, parse_server_timing
-from gateway.pipeline.timing import RequestTimings
+from gateway.core.inference_time import InferenceReport, parse_server_timing
+from gateway.core.timing import RequestTimings
 from tests.gateway.telemetry.fake_clock import FakeClock
 
 

@@ -1,14 +1,13 @@
 """The pipeline's plug points, with the do-nothing defaults the core ships with.
 
-`create_app` builds one `Hooks` and the pipeline calls it at fixed steps (see
-`gateway/pipeline/steps.py` for the order). Each plug-in replaces one field:
+The plug-ins listed in `gateway.app.PLUGINS` provide them (`gateway.plugin`), the
+pipeline calls them at fixed steps (see `gateway/pipeline/steps.py` for the order):
 
   hooks.admission  rate-limit admission before routing, settlement after the response
   hooks.router     ordered candidates for a request (primary first, then fallbacks)
   hooks.queue      a per-backend slot held for the whole upstream call of one attempt
   hooks.cache      a kept answer instead of a backend call; keeping answers after settling
   hooks.observers  told when a request starts, after each attempt, at the end
-  hooks.telemetry  spans, metrics, access log, dashboard data (gateway/telemetry)
 """
 
 from __future__ import annotations
@@ -17,23 +16,28 @@ import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from gateway.errors import ModelNotFound
-from gateway.pipeline.context import Attempt, RequestContext
-from gateway.telemetry.service import Telemetry
+from gateway.core.context import Attempt, RequestContext
+from gateway.core.errors import ModelNotFound
 from policies.load import ModelTarget
+
+Plan = TypeVar("Plan")
+
+
+class Admitted(Protocol):
+    async def settle(self, ctx: RequestContext) -> None:
+        """Called once for every admitted request, even failed or cancelled ones, after
+        the last byte went to the client; `ctx.usage` holds the actual usage when the
+        backend reported it."""
 
 
 class Admission(Protocol):
-    async def admit(self, ctx: RequestContext) -> None:
-        """Raise `RateLimited` (with headers) to refuse; may leave its ticket on `ctx.ticket`."""
-
-    async def settle(self, ctx: RequestContext) -> None:
-        """Called once for every admitted request, even failed or cancelled ones;
-        `ctx.usage` holds the actual usage when the backend reported it."""
+    async def admit(self, ctx: RequestContext) -> Admitted | None:
+        """Raise `RateLimited` (with headers) to refuse; what it returns is settled once
+        the request is over (None: nothing to settle)."""
 
 
 class Router(Protocol):
@@ -57,34 +61,34 @@ class Observer(Protocol):
         """After the last byte (or the error) went to the client; ctx.status is final."""
 
 
-class Cache(Protocol):
-    def plan(self, ctx: RequestContext) -> object | None:
+class Cache(Protocol[Plan]):
+    """The pipeline holds a request's plan for the cache and hands it back; only the
+    cache reads it."""
+
+    def plan(self, ctx: RequestContext) -> Plan | None:
         """What the cache will do for this request (routing has run); None: nothing, and
         neither `serve` nor `keep` is called."""
 
-    async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
-        """A kept answer, sent (no backend is called), or None; `ctx.cache_plan` is set."""
+    async def serve(self, ctx: RequestContext, plan: Plan) -> web.StreamResponse | None:
+        """A kept answer, sent (no backend is called), or None."""
 
-    async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
-        """After settlement: keep what was answered, if it may be."""
+    async def keep(self, ctx: RequestContext, plan: Plan, response: web.StreamResponse) -> None:
+        """After the answer's last byte: keep what was answered, if it may be."""
 
 
 class NoCache:
     def plan(self, ctx: RequestContext) -> None:
         return None
 
-    async def serve(self, ctx: RequestContext) -> web.StreamResponse | None:
+    async def serve(self, ctx: RequestContext, plan: None) -> web.StreamResponse | None:
         return None
 
-    async def keep(self, ctx: RequestContext, response: web.StreamResponse) -> None:
+    async def keep(self, ctx: RequestContext, plan: None, response: web.StreamResponse) -> None:
         return None
 
 
 class NoAdmission:
     async def admit(self, ctx: RequestContext) -> None:
-        return None
-
-    async def settle(self, ctx: RequestContext) -> None:
         return None
 
 
@@ -107,12 +111,13 @@ def route_targets_in_order(ctx: RequestContext) -> Sequence[ModelTarget]:
     return [target]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Hooks:
+    """Fixed once the plug-ins are installed (`gateway.plugin.assemble`)."""
+
     admission: Admission = field(default_factory=NoAdmission)
     router: Router = route_targets_in_order
     queue: QueueSlots = field(default_factory=NoQueue)
-    cache: Cache = field(default_factory=NoCache)
-    observers: list[Observer] = field(default_factory=list)
-    telemetry: Telemetry = field(default_factory=Telemetry)
+    cache: Cache[Any] = field(default_factory=NoCache)
+    observers: tuple[Observer, ...] = ()
     max_attempts: int = 3  # candidates tried per request, the primary included

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.errors import BadRequest, Forbidden, Unauthorized
+from gateway.core.errors import BadRequest, Forbidden, Unauthorized
 from policies.load import Policy
 
 TENANT_HEADER = "x-routegate-tenant"  # on every answer to an authenticated caller

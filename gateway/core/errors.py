@@ -17,9 +17,9 @@ from typing import ClassVar
 import orjson
 from aiohttp import web
 
-from gateway.log_text import json_text
-from gateway.pipeline.timing import RequestTimings
-from gateway.server.whole_response import WholeResponse
+from gateway.core.log_text import json_text
+from gateway.core.timing import RequestTimings
+from gateway.core.whole_response import WholeResponse
 
 log = logging.getLogger("routegate.errors")
 
@@ -81,6 +81,27 @@ class BadRequest(GatewayError):
     status = 400
     code = "invalid_request_error"
     type = "invalid_request_error"
+
+
+def json_type_name(value: object) -> str:
+    """JSON's name for the type of a parsed value, as error messages say it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def wrong_type(param: str, expected: str, value: object) -> BadRequest:
+    """The 400 for a field of the wrong JSON type, in OpenAI's words."""
+    return BadRequest(f"Invalid type for '{param}': expected {expected}, "
+                      f"but got {json_type_name(value)}.", param=param, code="invalid_type")
 
 
 class Unauthorized(GatewayError):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.pipeline.inference_time import (
+from gateway.core.inference_time import (
     InferenceReport,
     from_body,
     from_headers,

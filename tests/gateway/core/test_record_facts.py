@@ -11,11 +11,11 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.errors import GatewayError
+from gateway.core.attempt_facts import AttemptFacts, content_events
+from gateway.core.errors import GatewayError
+from gateway.core.record import RequestRecord
 from gateway.limits.limiter import BudgetExceeded, RequestsLimitExceeded, TokensLimitExceeded
-from gateway.pipeline.attempt_facts import AttemptFacts, content_events
 from gateway.pipeline.queue_wait import QueuedSlot
-from gateway.pipeline.record import RequestRecord
 from gateway.pipeline.request_facts import note_decision
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import Tracing

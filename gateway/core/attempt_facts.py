@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from time import time_ns
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.pipeline.content import StreamText, completion_text
-from gateway.pipeline.inference_time import from_body, from_headers
-from gateway.pipeline.record import ERROR_TEXT_CHARS, AttemptRecord, RequestRecord
-from gateway.pipeline.timing import RequestTimings
-from gateway.telemetry.metric_series import GaugeSeries
+from gateway.core.content import StreamText, completion_text
+from gateway.core.inference_time import from_body, from_headers
+from gateway.core.record import ERROR_TEXT_CHARS, AttemptRecord, RequestRecord
+from gateway.core.timing import RequestTimings
+from gateway.core.usage import reported_tokens
 from policies.load import ModelTarget
 
 # Compact JSON, as most OpenAI-compatible servers send it: counted with C-speed byte
@@ -40,18 +40,21 @@ def content_events(data: bytes) -> int:
     return sum(data.count(m) for m in _SPACED_CONTENT) - sum(data.count(m) for m in _SPACED_EMPTY)
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def note_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:
-    """Token counts from an OpenAI (`prompt_tokens`) or Anthropic (`input_tokens`) usage."""
-    tokens_in = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-    tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    """The counts a backend's usage reports (`gateway.core.usage`), where it reports them."""
+    tokens_in, tokens_out = reported_tokens(usage)
     if tokens_in is not None:
         record.input_tokens = tokens_in
     if tokens_out is not None:
         record.output_tokens = tokens_out
+
+
+class Gauge(Protocol):
+    """A gauge's series (the backend's in-flight count): what an attempt moves."""
+
+    def inc(self, amount: float = 1.0) -> None: ...
+
+    def dec(self, amount: float = 1.0) -> None: ...
 
 
 class AttemptFacts:
@@ -60,14 +63,14 @@ class AttemptFacts:
     __slots__ = ("_in_flight", "_record", "_stream_text", "_timings", "attempt")
 
     def __init__(self, record: RequestRecord, attempt: AttemptRecord, timings: RequestTimings,
-                 in_flight: GaugeSeries) -> None:
+                 in_flight: Gauge) -> None:
         self._record, self.attempt, self._timings = record, attempt, timings
         self._in_flight = in_flight
         self._stream_text: StreamText | None = None
 
     @classmethod
     def start(cls, record: RequestRecord, target: ModelTarget, timings: RequestTimings,
-              in_flight: GaugeSeries, headers: MutableMapping[str, str],
+              in_flight: Gauge, headers: MutableMapping[str, str],
               new_span_id: Callable[[], int] | None = None) -> AttemptFacts:
         """Open an attempt on `target`: the upstream clock, its gauge, and `traceparent`
         in `headers` (a sampled request's names this attempt's span; an unsampled one

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.server.whole_response import WholeResponse
+from gateway.core.whole_response import WholeResponse
 
 BODY = b'{"id":"chatcmpl-1","object":"chat.completion"}'
 _DATE = re.compile(rb"\r\nDate: [^\r]*\r\n")

@@ -8,17 +8,17 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.auth import Identity
-from gateway.errors import GatewayError
-from gateway.limits.limiter import Ticket
-from gateway.pipeline.attempt_facts import AttemptFacts
-from gateway.pipeline.deadline import Deadline
-from gateway.pipeline.record import RequestRecord
-from gateway.pipeline.sse import SseRelay
-from gateway.pipeline.timing import RequestTimings
-from gateway.server.whole_response import WholeResponse
-from gateway.upstream.openai import Incapable
+from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.auth import Identity
+from gateway.core.deadline import Deadline
+from gateway.core.errors import GatewayError
+from gateway.core.incapable import Incapable
+from gateway.core.record import AttemptRecord, RequestRecord
+from gateway.core.sse import SseRelay
+from gateway.core.timing import RequestTimings
+from gateway.core.whole_response import WholeResponse
 from policies.load import ModelTarget, Policy
+from routing.decide import RouteDecision
 
 Body = dict[str, Any]
 
@@ -34,6 +34,8 @@ class Endpoint:
     # chat completions): its request becomes this endpoint's body, and the stream written
     # back is re-encoded.
     dialect: Dialect | None = None
+    # how this endpoint's API writes an error (None: OpenAI's `{"error": {...}}`)
+    errors: Callable[[GatewayError], WholeResponse] | None = None
 
 
 class Dialect(Protocol):
@@ -66,16 +68,27 @@ class Dialect(Protocol):
 
 @dataclass(slots=True)
 class Attempt:
-    """One try on one candidate; `error` is None for the attempt that answered."""
+    """One try on one candidate, as the pipeline decides with it: the target and how it
+    failed. Its facts (status, error, timings) live once, in the request record's entry
+    for it (`record`, from the moment it got past the queue)."""
 
     target: ModelTarget
-    error: str | None = None
-    status: int | None = None  # the backend's HTTP status, when it answered
+    record: AttemptRecord | None = None
     cannot: Incapable | None = None  # it answered it cannot do what was asked
     retry_after_s: float | None = None  # the backend's `Retry-After` on a failure
     # it timed out because the request's own deadline ran out, not the backend's
     # timeout: the gateway's limit, so no mark against the target's health
     deadline_cut: bool = False
+
+    @property
+    def status(self) -> int | None:
+        """The backend's HTTP status, when it answered."""
+        return self.record.status if self.record is not None else None
+
+    @property
+    def error(self) -> str | None:
+        """What failed; None for the attempt that answered (or one still in its queue)."""
+        return self.record.error if self.record is not None else None
 
 
 @dataclass(slots=True, eq=False)
@@ -93,7 +106,7 @@ class RequestContext:
     stream: bool = False
     client_wants_usage: bool = False  # stream_options.include_usage was true
     candidates: Sequence[ModelTarget] = ()  # ordered: primary first, then fallbacks
-    decision: Any = None  # the router's own record of why (for spans and logs)
+    decision: RouteDecision | None = None  # routing's own record of why (None: no router)
     deadline: Deadline | None = None  # from the latency budget, once routed; None: none
     target: ModelTarget | None = None  # the candidate being tried / that answered
     attempts: list[Attempt] = field(default_factory=list)
@@ -103,14 +116,11 @@ class RequestContext:
     error: GatewayError | None = None  # what the client was told, if it failed
     bytes_sent: bool = False  # once True a failure can only end the stream
     facts: AttemptFacts | None = None  # the writer of the current attempt's facts
-    # the response cache: its plan for this request (None: the route has no cache) and
-    # a streamed answer's events as relayed, to keep (its answer: `record.cache`)
-    cache_plan: Any = None
+    # the response cache: a streamed answer's events as relayed, to keep
     cache_capture: list[bytes] | None = None
-    # admission: the limiter's ticket (reservation, response headers), the input-token
-    # estimate it reserved with, and what the tenant may still spend (None: no budget)
-    ticket: Ticket | None = None
-    estimated_input_tokens: int = 0
+    # admission: the input-token estimate it reserved with (None: nothing estimated)
+    # and what the tenant may still spend (None: no budget)
+    estimated_input_tokens: int | None = None
     budget_left_micros: int | None = None
     # routing: a dedicated target's amortised price (µUSD per token, i.e. USD per
     # million tokens), what settlement charges; when the current attempt got its slot
@@ -121,3 +131,12 @@ class RequestContext:
     # (rate-limit state, the routing decision): on the relayed response, and on an error
     # through `GatewayError.headers` (its own values win, e.g. a 429's).
     response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def caller(self) -> Identity:
+        """Who is asking (the anonymous tenant included): authentication is the first
+        step, so every plug-in runs after it."""
+        identity = self.identity
+        if identity is None:
+            raise RuntimeError("the request is not authenticated yet")
+        return identity

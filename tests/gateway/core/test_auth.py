@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.auth import require_admin
-from gateway.errors import Forbidden, Unauthorized
+from gateway.core.auth import require_admin
+from gateway.core.errors import Forbidden, Unauthorized
 from tests.conftest import StartGateway, as_policy, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 
@@ -79,7 +79,7 @@ class _Peer:
 
 
 def test_loopback_only_anonymous_access_refuses_other_peers() -> None:
-    from gateway.auth import Authenticator
+    from gateway.core.auth import Authenticator
 
     policy = as_policy(keyed_policy("http://127.0.0.1:1/v1",
                                     anonymous={"enabled": True, "loopback_only": True}))
@@ -90,7 +90,7 @@ def test_loopback_only_anonymous_access_refuses_other_peers() -> None:
 
 
 def test_a_tenant_key_resolves_to_its_tenant_and_hash() -> None:
-    from gateway.auth import Authenticator
+    from gateway.core.auth import Authenticator
 
     policy = as_policy(keyed_policy("http://127.0.0.1:1/v1"))
     identity = Authenticator().authenticate(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.blob_store import BlobStoreUnavailable, MemoryBlobs, RedisBlobs
-from gateway.limits.redis_store import connect
+from gateway.stores.blobs import BlobStoreUnavailable, MemoryBlobs, RedisBlobs
+from gateway.stores.redis import connect
 from tests.redis_server import RedisServer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import marshal
 
-from gateway.pipeline.record import AttemptRecord, RequestRecord
+from gateway.core.record import AttemptRecord, RequestRecord
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import Tracing
 from gateway.telemetry.tracing.setup import sampler_from_env

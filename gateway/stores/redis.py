@@ -1,4 +1,6 @@
-"""Redis Cluster and Sentinel: clients for the URLs past plain `redis://`.
+"""Connecting to Redis: `connect(url)` for standalone, Cluster and Sentinel URLs.
+
+    redis://HOST:PORT[/DB]                                   one server
 
     redis+cluster://HOST:PORT[,HOST:PORT…][?password=…]     any nodes of the cluster
     redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB]    sentinels, the master's name
@@ -68,3 +70,28 @@ def connect_sentinel(url: str, *, socket_timeout_s: float,
         path[0], db=db, password=password, socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_timeout_s, max_connections=max_connections,
         retry=Retry(NoBackoff(), 0))
+
+
+RedisClient = aioredis.Redis | RedisCluster
+
+
+def connect(url: str, *, socket_timeout_s: float = 0.5, max_connections: int = 16,
+            pool_wait_s: float = 1.0) -> RedisClient:
+    """A client that fails fast: short socket timeouts, no retries, a bounded pool.
+
+    A few connections suffice (a round trip takes ~0.2 ms on a LAN) and opening fewer
+    at once matters: under a burst on a busy event loop, dozens of simultaneous
+    connects is what times out first. The timeouts allow for that loop being busy:
+    a stalled loop must not pass for a dead Redis.
+    """
+    if url.startswith(f"{CLUSTER_SCHEME}://"):
+        return connect_cluster(url, socket_timeout_s=socket_timeout_s)
+    if url.startswith(f"{SENTINEL_SCHEME}://"):
+        return connect_sentinel(url, socket_timeout_s=socket_timeout_s,
+                                max_connections=max_connections)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=pool_wait_s,
+        socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return aioredis.Redis(connection_pool=pool)

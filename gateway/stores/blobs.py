@@ -22,7 +22,7 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from gateway.limits.redis_store import RedisClient, connect
+from gateway.stores.redis import RedisClient, connect
 
 
 class BlobStoreUnavailable(Exception):
