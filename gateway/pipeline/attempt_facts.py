@@ -142,11 +142,13 @@ class AttemptFacts:
         if self._record.keeps_content:
             self._record.completion = completion_text(body)
 
-    def failed(self, statement: str, status: int | None = None) -> None:
-        """The attempt failed. The span keeps the statement only: what follows ": " is
-        an exception's own text, which may quote what the backend sent."""
+    def failed(self, statement: str, status: int | None = None,
+               reason: str | None = None) -> None:
+        """The attempt failed (`reason`: its kind's metric reason). The span keeps the
+        statement only: what follows ": " is an exception's own text, which may quote
+        what the backend sent."""
         attempt = self.attempt
-        attempt.error = statement
+        attempt.error, attempt.failure = statement, reason
         attempt.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
         if status is not None:
             attempt.status = status

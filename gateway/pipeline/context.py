@@ -17,7 +17,7 @@ from gateway.pipeline.record import RequestRecord
 from gateway.pipeline.sse import SseRelay
 from gateway.pipeline.timing import RequestTimings
 from gateway.server.whole_response import WholeResponse
-from gateway.upstream.openai import Incapable
+from gateway.upstream.failures import UpstreamFailure
 from policies.load import ModelTarget, Policy
 
 Body = dict[str, Any]
@@ -71,8 +71,7 @@ class Attempt:
     target: ModelTarget
     error: str | None = None
     status: int | None = None  # the backend's HTTP status, when it answered
-    cannot: Incapable | None = None  # it answered it cannot do what was asked
-    retry_after_s: float | None = None  # the backend's `Retry-After` on a failure
+    failure: UpstreamFailure | None = None  # its kind says what the failure means
     # it timed out because the request's own deadline ran out, not the backend's
     # timeout: the gateway's limit, so no mark against the target's health
     deadline_cut: bool = False

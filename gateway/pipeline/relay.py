@@ -2,7 +2,7 @@
 
 `relay_body` reads a JSON reply once and sends it as one response, its bytes
 untouched; `relay_stream` relays events as they arrive, never buffered. Until the
-first byte has reached the client a failure raises `UpstreamFailure`, so the
+first byte has reached the client a failure raises an `UpstreamFailure` kind, so the
 pipeline may try the next candidate; after that it ends the stream with an
 OpenAI-style error event — never a silent truncation.
 """
@@ -14,7 +14,6 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -23,14 +22,18 @@ from gateway.pipeline.context import Dialect, RequestContext
 from gateway.pipeline.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
 from gateway.server.drain import drain_cut_error, is_drain_cut
 from gateway.server.whole_response import WholeResponse
-from gateway.upstream.http1 import BodyTooLarge
-from gateway.upstream.openai import (
-    PASSTHROUGH_HEADERS,
+from gateway.upstream.failures import (
+    READ_ERRORS,
     UNSUPPORTED_ENDPOINT,
+    ClientRejected,
     Incapable,
-    UpstreamFailure,
-    incapable,
+    MalformedResponse,
+    Redirected,
+    ResponseTooLarge,
+    read_failure,
 )
+from gateway.upstream.http1 import BodyTooLarge
+from gateway.upstream.openai import PASSTHROUGH_HEADERS, incapable
 from gateway.upstream.pool import UpstreamResponse
 
 # A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
@@ -45,36 +48,36 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
     name = ctx.target.backend_name if ctx.target else "?"
     if ctx.stream and response.status < 300:  # never relay a shape the client did not ask for
         response.close()
-        raise UpstreamFailure(UpstreamError(
+        raise MalformedResponse(
             f"Backend '{name}' answered a streaming request with "
-            f"{response.content_type}, not an event stream."), status=response.status)
+            f"{response.content_type}, not an event stream.", status=response.status)
     limit = ctx.policy.file.server.max_upstream_body_bytes
     try:
         data = await response.read(limit)
     except BodyTooLarge as exc:
         response.close()
-        raise UpstreamFailure(UpstreamError(
+        raise ResponseTooLarge(
             f"Backend '{name}' sent a reply over {limit} bytes "
-            "(server.max_upstream_body_bytes).")) from exc
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise UpstreamFailure(_failed(exc)(
-            f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
+            "(server.max_upstream_body_bytes).") from exc
+    except READ_ERRORS as exc:
+        raise read_failure(
+            exc, f"Backend '{name}' failed while sending its response: {exc!r}.") from exc
     finally:
         response.release()
     ctx.timing.upstream_ended()
     status = response.status
     if 300 <= status < 400:  # a misconfigured `url:` (http → https, a moved API)
-        raise UpstreamFailure(UpstreamError(
+        raise Redirected(
             f"Backend '{name}' redirected the request (HTTP {status}) to "
-            f"{response.headers.get('Location', 'nowhere')}; its url needs updating."),
+            f"{response.headers.get('Location', 'nowhere')}; its url needs updating.",
             status=status)
     if 400 <= status < 500:
         error = _openai_error(data)
         if error is None and status in (404, 405) and ctx.endpoint.path != "/chat/completions":
             # a chat-only server asked for /embeddings answers its framework's bare Not
             # Found: it cannot do this, and another candidate may
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{name}' has no /v1{ctx.endpoint.path} endpoint (HTTP {status})."),
+            raise ClientRejected(
+                f"Backend '{name}' has no /v1{ctx.endpoint.path} endpoint (HTTP {status}).",
                 status=status, body=data, cannot=Incapable(
                     UNSUPPORTED_ENDPOINT, None, f"no /v1{ctx.endpoint.path} endpoint"))
         if error is None:
@@ -83,17 +86,17 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
                                       detail=f"It said: {data[:300].decode(errors='replace')}")
         cannot = incapable(status, error)
         if cannot is not None:  # nothing sent yet: the next candidate may do it
-            raise UpstreamFailure(UpstreamError(
+            raise ClientRejected(
                 f"Backend '{name}' cannot serve this request ({cannot.code}"
-                + (f", param {cannot.param}" if cannot.param else "") + ")."),
+                + (f", param {cannot.param}" if cannot.param else "") + ").",
                 status=status, body=data, cannot=cannot)
     if status < 300 and len(data) <= MAX_PARSED_REPLY_BYTES:
         reply = _parsed(data)  # parsed once: usage here, model/id/finish reasons for spans
         if reply is None:  # an HTML page from a proxy, a cut body: nothing sent yet
-            raise UpstreamFailure(UpstreamError(
+            raise MalformedResponse(
                 f"Backend '{name}' answered HTTP {status} with something other than a "
                 f"JSON object ({len(data)} bytes of "
-                f"{response.headers.get('Content-Type', 'no stated type')})."),
+                f"{response.headers.get('Content-Type', 'no stated type')}).",
                 status=status)
         usage = reply.get("usage")
         ctx.usage = usage if isinstance(usage, dict) else None
@@ -126,16 +129,16 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             while data and not out:  # no whole event yet: still nothing committed
                 data = await content.readany()
                 out = relay.feed(data)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailure(_failed(exc)(
-                f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
+        except READ_ERRORS as exc:
+            raise read_failure(
+                exc, f"Backend '{name}' failed before streaming: {exc!r}.") from exc
         except MalformedEvent as exc:
             if not exc.forward:  # not one good event: not a stream this client can use
-                raise UpstreamFailure(UpstreamError(_malformed(name, exc))) from None
+                raise MalformedResponse(_malformed(name, exc)) from None
             broken, out = exc, b""
         if not first:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{name}' closed the stream without sending an event."))
+            raise MalformedResponse(
+                f"Backend '{name}' closed the stream without sending an event.")
         client = web.StreamResponse(status=200, headers={
             **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
             "Server-Timing": ctx.timing.server_timing()})
@@ -155,8 +158,9 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                     if out:
                         facts.relayed(out)
                         await write(out)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                failure = _failed(exc)(f"Backend '{name}' failed mid-stream: {exc!r}.")
+            except READ_ERRORS as exc:
+                failure = read_failure(
+                    exc, f"Backend '{name}' failed mid-stream: {exc!r}.").error
             except MalformedEvent as exc:
                 facts.relayed(exc.forward)
                 await write(exc.forward)
@@ -202,11 +206,6 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
 
 def _malformed(name: str, exc: MalformedEvent) -> str:
     return f"Backend '{name}' sent a malformed stream event: {exc.reason}."
-
-
-def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:
-    """A backend that went silent past its timeout is a 504, any other failure a 502."""
-    return UpstreamTimeout if isinstance(exc, TimeoutError) else UpstreamError
 
 
 def stream_writers(client: web.StreamResponse, dialect: Dialect | None,

@@ -42,7 +42,6 @@ from gateway.errors import (
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
-    UpstreamTimeout,
 )
 from gateway.hooks import Hooks
 from gateway.log_text import escaped
@@ -58,7 +57,8 @@ from gateway.pipeline.retries import RetryPolicy
 from gateway.policy.live import LivePolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.server.whole_response import WholeResponse
-from gateway.upstream.openai import PRIORITY_HEADER, UpstreamFailure
+from gateway.upstream.failures import UpstreamFailure
+from gateway.upstream.openai import PRIORITY_HEADER
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
 from policies.model_names import unserved_model
@@ -342,15 +342,14 @@ class Pipeline:
                 else:
                     result = await relay_body(ctx, response)
             except UpstreamFailure as failure:
-                attempt.error, attempt.status = failure.error.message, failure.status
-                attempt.cannot = failure.cannot
-                attempt.retry_after_s = failure.retry_after_s
-                attempt.deadline_cut = deadline is not None and isinstance(
-                    failure.error, UpstreamTimeout) and deadline.cut_short(ctx.timing.clock())
-                facts.failed(failure.error.message, failure.status)
+                attempt.error, attempt.status = failure.message, failure.status
+                attempt.failure = failure
+                attempt.deadline_cut = deadline is not None and failure.timed_out \
+                    and deadline.cut_short(ctx.timing.clock())
+                facts.failed(failure.message, failure.status, failure.metric_reason)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
-                         escaped(failure.error.message))  # may quote the backend
+                         escaped(failure.message))  # may quote the backend
                 result = failure
         except BaseException as exc:
             await held.__aexit__(type(exc), exc, exc.__traceback__)

@@ -8,7 +8,7 @@ on the way out (`chat_to_anthropic.messages_request`) and hands back an
 fallback, usage settlement and telemetry run unchanged for Anthropic backends.
 
 Session, timeouts and failure mapping (connect errors, timeouts, 429, 5xx including
-529 `overloaded_error` → `UpstreamFailure`, which falls back) are `OpenAIUpstream`'s.
+529 `overloaded_error` → `failures.Overloaded`, which falls back) are `OpenAIUpstream`'s.
 """
 
 from __future__ import annotations
