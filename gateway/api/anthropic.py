@@ -2,8 +2,11 @@
 
 A Messages request runs through the same pipeline as a chat completion (auth, limits,
 routing, queues, telemetry, fallback) as the chat body `chat_request` makes of it, so
-any backend can serve it: an OpenAI-compatible one, or an Anthropic one (whose adapter
-translates to the Messages API again). What goes back is Anthropic's wire format: a
+any backend can serve it. An Anthropic backend gets the request as the client wrote
+it (`translators.AsWritten`: `thinking`, `cache_control`, `metadata` and the rest
+intact, only `model` changed) and its answer goes back unchanged, its usage read on
+the way (`messages_native`); an OpenAI-compatible one gets the chat body, and its
+answer is re-encoded. What goes back is Anthropic's wire format: a
 `message` JSON, the event stream (re-encoded as the pipeline writes it), and errors as
 `{"type": "error", "error": {"type", "message"}}`, so the official `anthropic` SDK
 works with only `base_url` changed. Keys arrive as `x-api-key` (or Bearer).
@@ -18,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.api.messages_native import NativeMessageEvents
 from gateway.api.messages_to_chat import (
     EventEncoder,
     chat_request,
@@ -26,9 +30,11 @@ from gateway.api.messages_to_chat import (
     openai_error_message,
 )
 from gateway.api.openai import PIPELINE, continue_unless_too_large
+from gateway.api.translators import Api, AsWritten, translator
 from gateway.api.validate import check_chat, model_name
 from gateway.auth import TENANT_HEADER
 from gateway.errors import GatewayError, ModelNotFound, log_error
+from gateway.pipeline.attempt_facts import note_usage
 from gateway.pipeline.context import Endpoint, RequestContext
 from gateway.pipeline.request_body import json_object, read_limited
 from gateway.route.hook import ROUTING
@@ -40,28 +46,58 @@ log = logging.getLogger("routegate.api.anthropic")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class MessagesDialect:
-    """The Messages API as spoken through the chat-completions pipeline."""
+class MessagesCall:
+    """One `POST /v1/messages`, as the pipeline's dialect for that request."""
+
+    def __init__(self) -> None:
+        self.ctx: RequestContext | None = None
+        self.raw = b""  # the client's bytes
+        self.source: dict[str, Any] = {}  # ... parsed
+        self.pivot: dict[str, Any] = {}  # the chat body made of it
+        self.native_now = False  # the attempt being made sends the request as written
+        self.events: NativeMessageEvents | None = None
 
     async def request(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
-        return chat_request(body)
+        self.ctx, self.raw, self.source = ctx, ctx.raw, body
+        self.pivot = chat_request(body)  # checks what the Messages API requires, too
+        return self.pivot
 
-    def native(self, target: ModelTarget) -> None:
-        return None  # an Anthropic backend is reached through its adapter
+    def native(self, target: ModelTarget) -> tuple[str, bytes] | None:
+        way = translator(Api.MESSAGES, target.backend)
+        # A body rewritten since it was parsed (PII redacted) exists only as chat: the
+        # client's own bytes must not go out instead.
+        rewritten = self.ctx is not None and self.ctx.body is not self.pivot
+        self.native_now = isinstance(way, AsWritten) and not rewritten
+        if not self.native_now:
+            return None
+        assert isinstance(way, AsWritten)
+        return way.request(self.raw, self.source, target.upstream_name)
 
     def stream_encoder(self) -> Callable[[bytes], bytes]:
+        if self.native_now:
+            self.events = NativeMessageEvents()
+            return self.events.feed
         return EventEncoder().feed
 
     async def stream_finished(self) -> None:
-        return None
+        usage = self.events.usage if self.events is not None else None
+        if usage is not None and self.ctx is not None:
+            # Anthropic splits it over message_start and message_delta; the relay saw
+            # only the last
+            self.ctx.usage = usage
+            note_usage(self.ctx.record, usage)
 
     async def whole_answer(self, response: WholeResponse) -> WholeResponse:
-        """A chat completion (or a backend's error) as a Messages API answer."""
+        """A chat completion (or a backend's error) as a Messages API answer; a native
+        backend's answer as it is."""
         data = response.body
         request_id = response.headers.get("X-Request-Id", "")
         headers = {name: value for name, value in response.headers.items()
                    if name.lower() not in ("content-type", "content-length")}
         headers["request-id"] = request_id
+        if self.native_now:  # a message, or Anthropic's own error shape
+            return WholeResponse(status=response.status, body=data, headers={
+                **headers, "Content-Type": "application/json"})
         if response.status >= 400:  # a backend's own error, relayed with its status
             text = openai_error_message(data) or data[:300].decode(errors="replace")
             return _json(error_body(response.status, text, request_id), response.status, headers)
@@ -73,9 +109,6 @@ class MessagesDialect:
             return _json(error_body(502, "The backend's response was not a chat completion.",
                                     request_id), 502, headers)
         return _json(message(completion), response.status, headers)
-
-
-MESSAGES = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesDialect())
 
 
 def _json(body: object, status: int = 200, headers: dict[str, str] | None = None,
@@ -106,8 +139,9 @@ def anthropic_errors(handler: Handler) -> Handler:
 
 @anthropic_errors
 async def create_message(request: web.Request) -> web.StreamResponse:
-    # streamed: re-encoded as Messages events as it went; whole: `MessagesDialect.whole_answer`
-    return await request.app[PIPELINE].handle(request, MESSAGES)
+    # streamed: re-encoded (or passed through) as it went; whole: `MessagesCall.whole_answer`
+    endpoint = Endpoint("messages", "/chat/completions", check_chat, dialect=MessagesCall())
+    return await request.app[PIPELINE].handle(request, endpoint)
 
 
 @anthropic_errors
