@@ -154,6 +154,11 @@ class AttemptFacts:
             attempt.status = status
         self.end()
 
+    def broke(self, reason: str) -> None:
+        """The stream this attempt was relaying broke after bytes reached the client
+        (`reason`: the failure kind's metric reason); the attempt still answered."""
+        self.attempt.failure = reason
+
     def end(self) -> None:
         attempt = self.attempt
         if attempt.ended:

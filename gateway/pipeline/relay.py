@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamClientError
 from gateway.pipeline.context import Dialect, RequestContext
 from gateway.pipeline.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
 from gateway.server.drain import drain_cut_error, is_drain_cut
@@ -30,6 +30,8 @@ from gateway.upstream.failures import (
     MalformedResponse,
     Redirected,
     ResponseTooLarge,
+    UpstreamClosed,
+    UpstreamFailure,
     read_failure,
 )
 from gateway.upstream.http1 import BodyTooLarge
@@ -149,7 +151,7 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         try:
             facts.relayed(out)
             await write(out)
-            failure: UpstreamError | UpstreamTimeout | None = None
+            failure: UpstreamFailure | None = None
             try:
                 if broken is not None:  # the first read's good events, then the error
                     raise broken
@@ -159,26 +161,28 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                         facts.relayed(out)
                         await write(out)
             except READ_ERRORS as exc:
-                failure = read_failure(
-                    exc, f"Backend '{name}' failed mid-stream: {exc!r}.").error
+                failure = read_failure(exc, f"Backend '{name}' failed mid-stream: {exc!r}.")
             except MalformedEvent as exc:
                 facts.relayed(exc.forward)
                 await write(exc.forward)
-                failure = UpstreamError(_malformed(name, exc))
+                failure = MalformedResponse(_malformed(name, exc))
             else:
                 finished = True
             # before usage is read: the last event may carry it
             leftover = relay.leftover() if failure is None else b""
             if leftover is None:  # the connection ended the stream mid-event
-                failure = UpstreamError(f"Backend '{name}' ended the stream mid-event.")
+                failure = UpstreamClosed(f"Backend '{name}' ended the stream mid-event.")
             elif failure is None and not relay.complete:  # a clean end, but too soon
-                failure = UpstreamError(
+                failure = UpstreamClosed(
                     f"Backend '{name}' ended the stream before it was complete (no "
                     "finish_reason, no [DONE]); the reply may be cut short.")
             last_event = leftover or b""
             if failure is not None:
                 relay.drop_partial()
-                ctx.error, last_event = failure, error_event(failure.body())
+                ctx.attempts[-1].failure = failure  # its kind, for ejection and metrics
+                facts.broke(failure.metric_reason)
+                ctx.error = failure.error
+                last_event = error_event(ctx.error.body())
             facts.relayed(last_event)
             ctx.usage = relay.usage
             facts.body(relay.usage_chunk)

@@ -356,6 +356,9 @@ class Pipeline:
             raise
         await held.__aexit__(None, None, None)
         if not isinstance(result, UpstreamFailure):
+            broke = attempt.failure  # mid-stream, after bytes reached the client
+            attempt.deadline_cut = broke is not None and deadline is not None \
+                and broke.timed_out and deadline.cut_short(ctx.timing.clock())
             facts.end()
             self._attempt_finished(ctx, attempt)
         return result

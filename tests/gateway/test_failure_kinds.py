@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -123,3 +124,29 @@ async def test_a_rate_limit_is_an_answer_not_a_fault(
 
     assert (await get(gateway, "/readyz"))["ejected"] == []
     assert await failures_counted(gateway) == {"rate_limited": float(len(limited.received))}
+
+
+async def test_a_backend_that_drops_its_streams_midway_is_ejected(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    dropping = await start_upstream(Behaviour(drop_after_chunks=2), name="dropping")
+    spare = await start_upstream(name="spare")
+    gateway = await start_gateway(ejection_policy(dropping.url, spare.url))
+
+    ends = [await streamed_end(gateway) for _ in range(4)]
+
+    # the first two broke after bytes had reached the client: no fallback, an error
+    # event; then the target was out and the spare answered whole
+    assert [b'"error"' in end for end in ends] == [True, True, False, False]
+    assert len(dropping.received) == 2 and len(spare.received) == 2
+    assert (await get(gateway, "/readyz"))["ejected"] == ["a/m"]
+    assert await failures_counted(gateway) == {"upstream_closed": 2.0}
+
+
+async def streamed_end(gateway: RunningGateway) -> bytes:
+    """The last event of one streamed chat request (what came before `[DONE]`)."""
+    async with aiohttp.ClientSession() as session, session.post(
+            gateway.url + "/v1/chat/completions", json={**BODY, "stream": True}) as response:
+        assert response.status == 200
+        events = (await response.read()).split(b"\n\n")
+    return next(event for event in reversed(events)
+                if event.startswith(b"data:") and event != b"data: [DONE]")
