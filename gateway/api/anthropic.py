@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -44,6 +44,8 @@ from policies.load import ModelTarget
 log = logging.getLogger("routegate.api.anthropic")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Sent on with a request passed through as written, which may use a beta feature.
+BETA_HEADER = "anthropic-beta"
 
 
 class MessagesCall:
@@ -64,14 +66,18 @@ class MessagesCall:
 
     def native(self, target: ModelTarget) -> tuple[str, bytes] | None:
         way = translator(Api.MESSAGES, target.backend)
+        ctx = self.ctx
+        assert ctx is not None, "request() comes first"
         # A body rewritten since it was parsed (PII redacted) exists only as chat: the
         # client's own bytes must not go out instead.
-        rewritten = self.ctx is not None and self.ctx.body is not self.pivot
-        self.native_now = isinstance(way, AsWritten) and not rewritten
+        self.native_now = isinstance(way, AsWritten) and ctx.body is self.pivot
         if not self.native_now:
+            ctx.upstream_headers.pop(BETA_HEADER, None)  # set for an earlier candidate
             return None
-        assert isinstance(way, AsWritten)
-        return way.request(self.raw, self.source, target.upstream_name)
+        beta = ctx.request.headers.get(BETA_HEADER)
+        if beta is not None:  # the features the body may use (1h cache TTL, ...)
+            ctx.upstream_headers[BETA_HEADER] = beta
+        return cast(AsWritten, way).request(self.raw, self.source, target.upstream_name)
 
     def stream_encoder(self) -> Callable[[bytes], bytes]:
         if self.native_now:

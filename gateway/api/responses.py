@@ -111,8 +111,8 @@ class ResponsesCall:
         way = translator(Api.RESPONSES, target.backend)
         # A body rewritten since it was parsed (PII redacted) exists only as chat: the
         # client's own bytes must not go out instead.
-        rewritten = self.ctx is not None and self.ctx.body is not self.pivot
-        self.native_now = isinstance(way, AsWritten) and not rewritten
+        self.native_now = self.ctx is not None and self.ctx.body is self.pivot \
+            and isinstance(way, AsWritten)
         if isinstance(way, AsWritten) and self.native_now:
             if "previous_response_id" not in self.source:  # the client's bytes
                 return way.request(self.raw, self.source, target.upstream_name)

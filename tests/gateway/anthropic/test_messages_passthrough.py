@@ -49,11 +49,12 @@ def priced(url: str, **extra: Any) -> dict[str, Any]:
     return policy
 
 
-async def post(gateway: RunningGateway, body: bytes) -> tuple[int, bytes]:
+async def post(gateway: RunningGateway, body: bytes,
+               **headers: str) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as session, session.post(
             gateway.url + "/v1/messages", data=body,
-            headers={"Content-Type": "application/json",
-                     "anthropic-version": "2023-06-01"}) as response:
+            headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01",
+                     **headers}) as response:
         return response.status, await response.read()
 
 
@@ -68,6 +69,17 @@ async def test_the_request_reaches_the_backend_as_written_with_only_the_model_ch
     assert status == 200
     assert anthropic_upstream.received[-1].raw == body.replace(
         b'"model":"chat"', b'"model":"' + UPSTREAM_MODEL.encode() + b'"')
+
+
+async def test_the_beta_features_the_client_asked_for_are_asked_for_too(
+        anthropic_upstream: FakeAnthropic, start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(anthropic_policy(anthropic_upstream.url))
+
+    status, _ = await post(gateway, REQUEST, **{"anthropic-beta": "extended-cache-ttl-2025-04-11"})
+
+    assert status == 200
+    assert anthropic_upstream.received[-1].headers["anthropic-beta"] == \
+        "extended-cache-ttl-2025-04-11"
 
 
 async def test_the_backends_thinking_block_reaches_the_client(
