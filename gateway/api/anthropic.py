@@ -86,12 +86,17 @@ class MessagesCall:
         return EventEncoder().feed
 
     async def stream_finished(self) -> None:
-        usage = self.events.usage if self.events is not None else None
-        if usage is not None and self.ctx is not None:
+        events, ctx = self.events, self.ctx
+        if events is None or ctx is None:
+            return
+        usage = events.usage
+        if usage is not None:
             # Anthropic splits it over message_start and message_delta; the relay saw
             # only the last
-            self.ctx.usage = usage
-            note_usage(self.ctx.record, usage)
+            ctx.usage = usage
+            note_usage(ctx.record, usage)
+        if events.stop_reason is not None:
+            ctx.record.finish_reasons.append(events.stop_reason)
 
     async def whole_answer(self, response: WholeResponse) -> WholeResponse:
         """A chat completion (or a backend's error) as a Messages API answer; a native

@@ -28,6 +28,7 @@ class NativeMessageEvents:
     def __init__(self) -> None:
         self._usage: Body = {}
         self._reported = False  # a message_delta's usage seen
+        self.stop_reason: str | None = None  # end_turn, max_tokens, tool_use, …
         self._pending = b""
 
     @property
@@ -38,8 +39,9 @@ class NativeMessageEvents:
         return dict(self._usage) if self._reported else None
 
     def feed(self, data: bytes) -> bytes:
-        if not self._pending and _USAGE not in data and _GATEWAY_ERROR not in data:
-            return data  # the common write: text deltas, passed as they are
+        if not self._pending and data.endswith(b"\n\n") and _USAGE not in data \
+                and _GATEWAY_ERROR not in data:
+            return data  # the common write: whole text deltas, passed as they are
         data = self._pending + data
         out: list[bytes] = []
         start = 0
@@ -71,6 +73,9 @@ class NativeMessageEvents:
         else:  # message_delta: the output tokens so far (and, lately, the input's too)
             usage = payload.get("usage")
             self._reported = self._reported or isinstance(usage, dict)
+            delta = payload.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                self.stop_reason = delta["stop_reason"]
         if isinstance(usage, dict):
             self._usage.update((name, value) for name, value in usage.items()
                                if isinstance(value, int) and not isinstance(value, bool))

@@ -131,6 +131,8 @@ class AttemptFacts:
         if isinstance(choices, list):
             reasons = [c.get("finish_reason") for c in choices if isinstance(c, Mapping)]
             record.finish_reasons.extend(r for r in reasons if isinstance(r, str))
+        elif isinstance(body.get("stop_reason"), str):  # an Anthropic message, as it came
+            record.finish_reasons.append(body["stop_reason"])
         if isinstance(body.get("model"), str):
             record.response_model = body["model"]
         if isinstance(body.get("id"), str):
