@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from tests.conftest import RunningGateway, StartGateway, StartScripted, StartUpstream
@@ -150,3 +151,26 @@ async def streamed_end(gateway: RunningGateway) -> bytes:
         events = (await response.read()).split(b"\n\n")
     return next(event for event in reversed(events)
                 if event.startswith(b"data:") and event != b"data: [DONE]")
+
+
+@pytest.mark.parametrize(("pieces", "reason"), [
+    ([b"HTTP/1.1 301 Moved\r\nLocation: https://elsewhere/v1\r\nContent-Length: 0\r\n\r\n"],
+     "redirected"),
+    ([answer(b'{"pad": "' + b"x" * 4096 + b'"}')], "response_too_large"),
+])
+async def test_what_is_no_fault_of_the_backend_falls_back_without_ejecting_it(
+        start_upstream: StartUpstream, start_gateway: StartGateway,
+        pieces: list[Piece], reason: str) -> None:
+    odd = RawBackend(lambda body: pieces)
+    spare = await start_upstream(name="spare")
+    try:
+        policy = ejection_policy(await odd.start(), spare.url)
+        policy["server"] = {"max_upstream_body_bytes": 2048}
+        gateway = await start_gateway(policy)
+
+        assert await statuses(gateway, 3) == [200] * 3
+
+        assert (await get(gateway, "/readyz"))["ejected"] == []
+        assert await failures_counted(gateway) == {reason: float(odd.requests)}
+    finally:
+        await odd.stop()

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+import trustme
+from aiohttp import web
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream.anthropic import AnthropicUpstream
@@ -21,9 +24,11 @@ from gateway.upstream.failures import (
     CredentialsRefused,
     MalformedResponse,
     Overloaded,
+    PoolTimeout,
     RateLimited,
     ReadTimeout,
     ServerError,
+    TlsRejected,
     UpstreamClosed,
     UpstreamFailure,
     retry_after_s,
@@ -40,9 +45,9 @@ MESSAGES = b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"h
 QUICK = {"connect_s": 0.3, "first_byte_s": 0.3, "total_s": 5.0}
 
 
-def backend(url: str, kind: str = "openai") -> Backend:
+def backend(url: str, kind: str = "openai", **extra: Any) -> Backend:
     return Backend.model_validate({"type": kind, "url": url, "models": {"m": {}},
-                                   "timeouts": QUICK})
+                                   "timeouts": QUICK, **extra})
 
 
 async def failure_of(adapter: OpenAIUpstream, body: bytes = CHAT) -> UpstreamFailure:
@@ -106,6 +111,36 @@ async def test_a_full_accept_queue_is_a_connect_timeout_that_is_not_retried() ->
     assert isinstance(failure, ConnectTimeout)
     assert failure.timed_out and not failure.retryable and failure.counts_against_health
     assert isinstance(failure.error, UpstreamTimeout) and failure.error.status == 504
+
+
+async def test_a_certificate_no_trusted_authority_signed_is_tls_rejected() -> None:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(context)  # a CA nobody trusts
+    runner = web.AppRunner(web.Application(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    try:
+        failure = await openai_failure(f"https://127.0.0.1:{runner.addresses[0][1]}/v1")
+    finally:
+        await runner.cleanup()
+
+    assert isinstance(failure, TlsRejected) and "TLS verification" in failure.message
+    assert not failure.retryable and failure.counts_against_health  # it would fail again
+
+
+async def test_no_free_connection_in_time_is_a_pool_timeout(raw: list[RawBackend]) -> None:
+    url = await raw_backend(raw, [Pause(1.0)])
+    adapter = OpenAIUpstream("b", backend(url, max_connections=1, timeouts={
+        **QUICK, "first_byte_s": 2.0, "pool_wait_s": 0.2}), url)
+    holding = asyncio.ensure_future(adapter.open("/chat/completions", CHAT))
+    await asyncio.sleep(0.05)  # the one connection is taken
+
+    failure = await failure_of(adapter)
+
+    holding.cancel()
+    await asyncio.gather(holding, return_exceptions=True)
+    assert isinstance(failure, PoolTimeout) and failure.timed_out
+    assert not failure.retryable and failure.error.status == 504
 
 
 async def test_silence_past_first_byte_is_a_read_timeout(raw: list[RawBackend]) -> None:
