@@ -250,22 +250,21 @@ def read_failure(exc: BaseException, message: str) -> UpstreamFailure:
     return UpstreamClosed(message)
 
 
-
-
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
     """`retry-after-ms`, or `Retry-After` in seconds or as an HTTP date; None when
     absent or unreadable."""
     lowered = {name.lower(): value for name, value in headers.items()}
     try:
         if "retry-after-ms" in lowered:
-            return max(0.0, float(lowered["retry-after-ms"]) / 1000.0)
-        value = lowered.get("retry-after")
-        if value is None:
+            seconds = float(lowered["retry-after-ms"]) / 1000.0
+        elif "retry-after" in lowered:
+            value = lowered["retry-after"]
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        else:
             return None
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
     except (ValueError, TypeError):
         return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
