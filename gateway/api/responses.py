@@ -26,6 +26,7 @@ from gateway.api.openai import PIPELINE, continue_unless_too_large
 from gateway.api.responses_output import EventEncoder, Shell, new_id, response_of
 from gateway.api.responses_request import chat_request, input_items, invalid, untranslatable
 from gateway.api.responses_state import StoredResponses
+from gateway.api.translators import Api, AsWritten, translator
 from gateway.api.validate import check_chat
 from gateway.core.attempt_facts import note_usage
 from gateway.core.auth import TENANT_HEADER
@@ -76,7 +77,9 @@ class ResponsesCall:
 
     def __init__(self, stored: StoredResponses) -> None:
         self.stored = stored
-        self.source: Body = {}  # the client's request
+        self.raw = b""  # the client's request, its bytes
+        self.source: Body = {}  # ... parsed
+        self.pivot: Body = {}  # the chat body made of it
         self.tenant = "anonymous"
         self.history: list[Body] = []  # the conversation `previous_response_id` names
         self.cannot_translate: list[str] = []
@@ -87,7 +90,7 @@ class ResponsesCall:
 
     # -- the Dialect --------------------------------------------------------------------
     async def request(self, ctx: RequestContext, body: Body) -> Body:
-        self.ctx, self.source = ctx, body
+        self.ctx, self.raw, self.source = ctx, ctx.raw, body
         if ctx.identity is not None:
             self.tenant = ctx.identity.tenant
         previous = body.get("previous_response_id")
@@ -102,17 +105,24 @@ class ResponsesCall:
             self.history = found[1]
         self.cannot_translate = untranslatable(body)
         self.shell = Shell(body, new_id("resp"), int(time.time()))
-        return chat_request(body, self.history)
+        self.pivot = chat_request(body, self.history)
+        return self.pivot
 
     def native(self, target: ModelTarget) -> tuple[str, bytes] | None:
-        self.native_now = target.backend.responses == "native"
-        if self.native_now:
+        way = translator(Api.RESPONSES, target.backend)
+        # A body rewritten since it was parsed (PII redacted) exists only as chat: the
+        # client's own bytes must not go out instead.
+        self.native_now = self.ctx is not None and self.ctx.body is self.pivot \
+            and isinstance(way, AsWritten)
+        if isinstance(way, AsWritten) and self.native_now:
+            if "previous_response_id" not in self.source:  # the client's bytes
+                return way.request(self.raw, self.source, target.upstream_name)
+            # the backend never saw the id: it gets the conversation the gateway kept
             body = {name: value for name, value in self.source.items()
                     if name != "previous_response_id"}
             body["model"] = target.upstream_name
-            if self.history:
-                body["input"] = [*self.history, *input_items(self.source)]
-            return "/responses", orjson.dumps(body)
+            body["input"] = [*self.history, *input_items(self.source)]
+            return way.path, orjson.dumps(body)
         if self.cannot_translate:
             field = self.cannot_translate[0]
             raise BadRequest(

@@ -134,6 +134,8 @@ class AttemptFacts:
         if isinstance(choices, list):
             reasons = [c.get("finish_reason") for c in choices if isinstance(c, Mapping)]
             record.finish_reasons.extend(r for r in reasons if isinstance(r, str))
+        elif isinstance(body.get("stop_reason"), str):  # an Anthropic message, as it came
+            record.finish_reasons.append(body["stop_reason"])
         if isinstance(body.get("model"), str):
             record.response_model = body["model"]
         if isinstance(body.get("id"), str):
@@ -145,15 +147,22 @@ class AttemptFacts:
         if self._record.keeps_content:
             self._record.completion = completion_text(body)
 
-    def failed(self, statement: str, status: int | None = None) -> None:
-        """The attempt failed. The span keeps the statement only: what follows ": " is
-        an exception's own text, which may quote what the backend sent."""
+    def failed(self, statement: str, status: int | None = None,
+               reason: str | None = None) -> None:
+        """The attempt failed (`reason`: its kind's metric reason). The span keeps the
+        statement only: what follows ": " is an exception's own text, which may quote
+        what the backend sent."""
         attempt = self.attempt
-        attempt.error = statement
+        attempt.error, attempt.failure = statement, reason
         attempt.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
         if status is not None:
             attempt.status = status
         self.end()
+
+    def broke(self, reason: str) -> None:
+        """The stream this attempt was relaying broke after bytes reached the client
+        (`reason`: the failure kind's metric reason); the attempt still answered."""
+        self.attempt.failure = reason
 
     def end(self) -> None:
         attempt = self.attempt

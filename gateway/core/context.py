@@ -12,7 +12,7 @@ from gateway.core.attempt_facts import AttemptFacts
 from gateway.core.auth import Identity
 from gateway.core.deadline import Deadline
 from gateway.core.errors import GatewayError
-from gateway.core.incapable import Incapable
+from gateway.core.failures import UpstreamFailure
 from gateway.core.record import AttemptRecord, RequestRecord
 from gateway.core.sse import SseRelay
 from gateway.core.timing import RequestTimings
@@ -74,8 +74,7 @@ class Attempt:
 
     target: ModelTarget
     record: AttemptRecord | None = None
-    cannot: Incapable | None = None  # it answered it cannot do what was asked
-    retry_after_s: float | None = None  # the backend's `Retry-After` on a failure
+    failure: UpstreamFailure | None = None  # its kind says what the failure means
     # it timed out because the request's own deadline ran out, not the backend's
     # timeout: the gateway's limit, so no mark against the target's health
     deadline_cut: bool = False

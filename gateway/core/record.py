@@ -78,6 +78,7 @@ class AttemptRecord:
     status: int | None = None  # the backend's HTTP status, when it answered
     error: str | None = None  # what failed (the failure's statement, for the client)
     error_type: str | None = None  # for the span: an exception class or the statement
+    failure: str | None = None  # its kind's metric reason (`failures.UpstreamFailure`)
     deadline_ms: int | None = None  # the budget left as it was sent
     ended: bool = False
 

@@ -28,7 +28,10 @@ _FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
 # ... and for a Responses API stream (passed through from a native backend), its end
 _RESPONSES = b'"response.'
 _RESPONSES_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
+# ... and for an Anthropic Messages stream (passed through to a Messages client)
+_MESSAGES_END = b'"message_stop"'
 _ERROR = b'{"error"'  # an OpenAI-style error event: the backend's own end of a stream
+_NAMED_ERROR = b"event: error"  # Anthropic's
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 MAX_EVENT_BYTES = 1 << 20
 
@@ -65,12 +68,14 @@ class SseRelay:
     @property
     def complete(self) -> bool:
         """The backend ended its stream as a whole one ends (`[DONE]`, a finish reason,
-        a Responses stream's last event, or its own error event), not merely stopped."""
+        a Responses or Messages stream's last event, or its own error event), not merely
+        stopped."""
         if self.done or self.finished:
             return True
         last = self._last
         start = last.rfind(b"\n\n", 0, -2)
-        return _ERROR in (last[start + 2:] if start >= 0 else last)
+        event = last[start + 2:] if start >= 0 else last
+        return _ERROR in event or _NAMED_ERROR in event
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward now for one network read from the backend."""
@@ -87,7 +92,8 @@ class SseRelay:
             self._after_cr = data[-1] == 0x0D
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if not self.finished and (_FINISHED[0] in data or _FINISHED[1] in data or (
-                _RESPONSES in data and any(end in data for end in _RESPONSES_ENDS))):
+                _RESPONSES in data and any(end in data for end in _RESPONSES_ENDS))
+                or _MESSAGES_END in data):
             self.finished = True
         events = data.count(b"\n\n")
         # the common case: whole one-line `data: {…}` token events, nothing to look at

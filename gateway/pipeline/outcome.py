@@ -16,7 +16,8 @@ from gateway.core.errors import (
     NoBackendAvailable,
     RateLimited,
 )
-from gateway.upstream.openai import UpstreamFailure
+from gateway.core.failures import RateLimited as BackendRateLimited
+from gateway.core.failures import UpstreamFailure
 
 
 def exhausted(ctx: RequestContext, failures: Sequence[UpstreamFailure],
@@ -35,14 +36,14 @@ def exhausted(ctx: RequestContext, failures: Sequence[UpstreamFailure],
     if len(failures) > 1 or unavailable:
         summary = f"All candidates for '{ctx.model}' failed: {summary}" + (
             "; " + "; ".join(unavailable) if unavailable else "")
-    if all(failure.status == 429 for failure in failures):
+    if all(isinstance(failure, BackendRateLimited) for failure in failures):
         headers = {}
         for failure in reversed(failures):  # the latest advice any of them gave
             if "Retry-After" in failure.headers:
                 headers["Retry-After"] = failure.headers["Retry-After"]
                 break
         return RateLimited(summary, headers=headers)
-    return last.error.__class__(summary)
+    return last.client_error(summary)
 
 
 def deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePassed:
@@ -56,7 +57,7 @@ def deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePa
 
 
 def _describe(failure: UpstreamFailure) -> str:
-    text = failure.error.message.rstrip(".")
+    text = failure.message.rstrip(".")
     if failure.body:
         try:
             message = orjson.loads(failure.body)["error"]["message"]

@@ -2,7 +2,7 @@
 
 `relay_body` reads a JSON reply once and sends it as one response, its bytes
 untouched; `relay_stream` relays events as they arrive, never buffered. Until the
-first byte has reached the client a failure raises `UpstreamFailure`, so the
+first byte has reached the client a failure raises an `UpstreamFailure` kind, so the
 pipeline may try the next candidate; after that it ends the stream with an
 OpenAI-style error event — never a silent truncation.
 """
@@ -13,25 +13,29 @@ import asyncio
 import contextlib
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from gateway.core.attempt_facts import note_usage
 from gateway.core.context import RequestContext
 from gateway.core.drain import drain_cut_error, is_drain_cut
-from gateway.core.errors import UpstreamClientError, UpstreamError, UpstreamTimeout
-from gateway.core.incapable import Incapable
+from gateway.core.errors import UpstreamClientError
+from gateway.core.failures import (
+    UNSUPPORTED_ENDPOINT,
+    ClientRejected,
+    Incapable,
+    MalformedResponse,
+    Redirected,
+    ResponseTooLarge,
+    UpstreamClosed,
+    UpstreamFailure,
+)
 from gateway.core.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, error_event
 from gateway.core.stream_out import STREAM_HEADERS, stream_writers
 from gateway.core.whole_response import WholeResponse
+from gateway.upstream.failures import READ_ERRORS, read_failure
 from gateway.upstream.http1 import BodyTooLarge
-from gateway.upstream.openai import (
-    PASSTHROUGH_HEADERS,
-    UNSUPPORTED_ENDPOINT,
-    UpstreamFailure,
-    incapable,
-)
+from gateway.upstream.openai import PASSTHROUGH_HEADERS, incapable
 from gateway.upstream.pool import UpstreamResponse
 
 # A larger JSON reply (a big embeddings batch, mostly floats) is relayed without being
@@ -43,36 +47,36 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
     name = ctx.target.backend_name if ctx.target else "?"
     if ctx.stream and response.status < 300:  # never relay a shape the client did not ask for
         response.close()
-        raise UpstreamFailure(UpstreamError(
+        raise MalformedResponse(
             f"Backend '{name}' answered a streaming request with "
-            f"{response.content_type}, not an event stream."), status=response.status)
+            f"{response.content_type}, not an event stream.", status=response.status)
     limit = ctx.policy.file.server.max_upstream_body_bytes
     try:
         data = await response.read(limit)
     except BodyTooLarge as exc:
         response.close()
-        raise UpstreamFailure(UpstreamError(
+        raise ResponseTooLarge(
             f"Backend '{name}' sent a reply over {limit} bytes "
-            "(server.max_upstream_body_bytes).")) from exc
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise UpstreamFailure(_failed(exc)(
-            f"Backend '{name}' failed while sending its response: {exc!r}.")) from exc
+            "(server.max_upstream_body_bytes).") from exc
+    except READ_ERRORS as exc:
+        raise read_failure(
+            exc, f"Backend '{name}' failed while sending its response: {exc!r}.") from exc
     finally:
         response.release()
     ctx.timing.upstream_ended()
     status = response.status
     if 300 <= status < 400:  # a misconfigured `url:` (http → https, a moved API)
-        raise UpstreamFailure(UpstreamError(
+        raise Redirected(
             f"Backend '{name}' redirected the request (HTTP {status}) to "
-            f"{response.headers.get('Location', 'nowhere')}; its url needs updating."),
+            f"{response.headers.get('Location', 'nowhere')}; its url needs updating.",
             status=status)
     if 400 <= status < 500:
         error = _openai_error(data)
         if error is None and status in (404, 405) and ctx.endpoint.path != "/chat/completions":
             # a chat-only server asked for /embeddings answers its framework's bare Not
             # Found: it cannot do this, and another candidate may
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{name}' has no /v1{ctx.endpoint.path} endpoint (HTTP {status})."),
+            raise ClientRejected(
+                f"Backend '{name}' has no /v1{ctx.endpoint.path} endpoint (HTTP {status}).",
                 status=status, body=data, cannot=Incapable(
                     UNSUPPORTED_ENDPOINT, None, f"no /v1{ctx.endpoint.path} endpoint"))
         if error is None:
@@ -81,17 +85,17 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
                                       detail=f"It said: {data[:300].decode(errors='replace')}")
         cannot = incapable(status, error)
         if cannot is not None:  # nothing sent yet: the next candidate may do it
-            raise UpstreamFailure(UpstreamError(
+            raise ClientRejected(
                 f"Backend '{name}' cannot serve this request ({cannot.code}"
-                + (f", param {cannot.param}" if cannot.param else "") + ")."),
+                + (f", param {cannot.param}" if cannot.param else "") + ").",
                 status=status, body=data, cannot=cannot)
     if status < 300 and len(data) <= MAX_PARSED_REPLY_BYTES:
         reply = _parsed(data)  # parsed once: usage here, model/id/finish reasons for spans
         if reply is None:  # an HTML page from a proxy, a cut body: nothing sent yet
-            raise UpstreamFailure(UpstreamError(
+            raise MalformedResponse(
                 f"Backend '{name}' answered HTTP {status} with something other than a "
                 f"JSON object ({len(data)} bytes of "
-                f"{response.headers.get('Content-Type', 'no stated type')})."),
+                f"{response.headers.get('Content-Type', 'no stated type')}).",
                 status=status)
         usage = reply.get("usage")
         ctx.usage = usage if isinstance(usage, dict) else None
@@ -126,16 +130,16 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             while data and not out:  # no whole event yet: still nothing committed
                 data = await content.readany()
                 out = relay.feed(data)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailure(_failed(exc)(
-                f"Backend '{name}' failed before streaming: {exc!r}.")) from exc
+        except READ_ERRORS as exc:
+            raise read_failure(
+                exc, f"Backend '{name}' failed before streaming: {exc!r}.") from exc
         except MalformedEvent as exc:
             if not exc.forward:  # not one good event: not a stream this client can use
-                raise UpstreamFailure(UpstreamError(_malformed(name, exc))) from None
+                raise MalformedResponse(_malformed(name, exc)) from None
             broken, out = exc, b""
         if not first:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{name}' closed the stream without sending an event."))
+            raise MalformedResponse(
+                f"Backend '{name}' closed the stream without sending an event.")
         client = web.StreamResponse(status=200, headers={
             **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
             "Server-Timing": ctx.timing.server_timing()})
@@ -146,7 +150,7 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         try:
             facts.relayed(out)
             await write(out)
-            failure: UpstreamError | UpstreamTimeout | None = None
+            failure: UpstreamFailure | None = None
             try:
                 if broken is not None:  # the first read's good events, then the error
                     raise broken
@@ -155,26 +159,29 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                     if out:
                         facts.relayed(out)
                         await write(out)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                failure = _failed(exc)(f"Backend '{name}' failed mid-stream: {exc!r}.")
+            except READ_ERRORS as exc:
+                failure = read_failure(exc, f"Backend '{name}' failed mid-stream: {exc!r}.")
             except MalformedEvent as exc:
                 facts.relayed(exc.forward)
                 await write(exc.forward)
-                failure = UpstreamError(_malformed(name, exc))
+                failure = MalformedResponse(_malformed(name, exc))
             else:
                 finished = True
             # before usage is read: the last event may carry it
             leftover = relay.leftover() if failure is None else b""
             if leftover is None:  # the connection ended the stream mid-event
-                failure = UpstreamError(f"Backend '{name}' ended the stream mid-event.")
+                failure = UpstreamClosed(f"Backend '{name}' ended the stream mid-event.")
             elif failure is None and not relay.complete:  # a clean end, but too soon
-                failure = UpstreamError(
+                failure = UpstreamClosed(
                     f"Backend '{name}' ended the stream before it was complete (no "
                     "finish_reason, no [DONE]); the reply may be cut short.")
             last_event = leftover or b""
             if failure is not None:
                 relay.drop_partial()
-                ctx.error, last_event = failure, error_event(failure.body())
+                ctx.attempts[-1].failure = failure  # its kind, for ejection and metrics
+                facts.broke(failure.metric_reason)
+                ctx.error = failure.error
+                last_event = error_event(ctx.error.body())
             facts.relayed(last_event)
             ctx.usage = relay.usage
             facts.body(relay.usage_chunk)
@@ -204,9 +211,6 @@ def _malformed(name: str, exc: MalformedEvent) -> str:
     return f"Backend '{name}' sent a malformed stream event: {exc.reason}."
 
 
-def _failed(exc: BaseException) -> type[UpstreamError] | type[UpstreamTimeout]:
-    """A backend that went silent past its timeout is a 504, any other failure a 502."""
-    return UpstreamTimeout if isinstance(exc, TimeoutError) else UpstreamError
 
 
 def _parsed(data: bytes) -> dict[str, Any] | None:

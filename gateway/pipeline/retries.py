@@ -1,7 +1,8 @@
 """Retrying the same target: which failures, how long to wait, and the budget that bounds it.
 
-A failure that says "try again" — a connect error, 503, 529, or 429 with `Retry-After` —
-may be retried on the same target (`resilience.retries`):
+A failure whose kind says "try again" (`UpstreamFailure.retryable`: a connect error, a
+dropped connection, 503, 529, or 429 when it says when) may be retried on the same
+target (`resilience.retries`):
 
     wait = max(full-jitter backoff, Retry-After)      backoff: uniform(0, base × 2^n)
     no retry when: the target had its `max_per_target`, the wait is longer than
@@ -16,19 +17,15 @@ once, however many attempts it took.
 
 from __future__ import annotations
 
-import email.utils
-import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from gateway.core.deadline import Deadline
-from gateway.core.errors import UpstreamTimeout
-from gateway.upstream.openai import UpstreamFailure
+from gateway.core.failures import UpstreamFailure
 from policies.resilience import Retries
 
-RETRYABLE_STATUSES = frozenset({503, 529})
 BUCKET_S = 1.0
 
 
@@ -81,10 +78,10 @@ class RetryPolicy:
                deadline: Deadline | None, now: float) -> float | None:
         """Seconds to wait before retrying the target `failure` came from (`retried`
         times already), or None: no retry. `now` is on `deadline`'s clock."""
-        if retried >= settings.max_per_target or not retryable(failure):
+        if retried >= settings.max_per_target or not failure.retryable:
             return None
-        advice_s = retry_after_s(failure.headers)
-        if failure.status == 429 and advice_s is None:
+        advice_s = failure.retry_after_s
+        if failure.needs_advice and advice_s is None:
             return None  # a rate limit without advice: another target, not a guess
         cap_s = settings.backoff_max_ms / 1000.0
         backoff_s = self.draw() * min(cap_s, settings.backoff_base_ms / 1000.0 * 2 ** retried)
@@ -96,25 +93,3 @@ class RetryPolicy:
         if not self.budget.spend(self.clock(), settings):
             return None
         return wait_s
-
-
-def retryable(failure: UpstreamFailure) -> bool:
-    if failure.status is None:  # no answer: a connect error or a dropped connection
-        return not isinstance(failure.error, UpstreamTimeout)  # slow is not down
-    return failure.status in RETRYABLE_STATUSES or failure.status == 429
-
-
-def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """`Retry-After` in seconds (delta-seconds or an HTTP date), or None."""
-    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    return max(0.0, seconds) if math.isfinite(seconds) else None

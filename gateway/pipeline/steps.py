@@ -44,9 +44,9 @@ from gateway.core.errors import (
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
-    UpstreamTimeout,
     log_error,
 )
+from gateway.core.failures import UpstreamFailure
 from gateway.core.hooks import Admitted, Hooks
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
@@ -59,7 +59,7 @@ from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.telemetry.service import Telemetry
-from gateway.upstream.openai import PRIORITY_HEADER, UpstreamFailure
+from gateway.upstream.openai import PRIORITY_HEADER
 from gateway.upstream.pool import Upstream, UpstreamPool
 from policies.load import ModelTarget
 from policies.model_names import unserved_model
@@ -384,20 +384,22 @@ class Pipeline:
                 else:
                     result = await relay_body(ctx, response)
             except UpstreamFailure as failure:
-                attempt.cannot = failure.cannot
-                attempt.retry_after_s = failure.retry_after_s
-                attempt.deadline_cut = deadline is not None and isinstance(
-                    failure.error, UpstreamTimeout) and deadline.cut_short(ctx.timing.clock())
-                facts.failed(failure.error.message, failure.status)
+                attempt.failure = failure
+                attempt.deadline_cut = deadline is not None and failure.timed_out \
+                    and deadline.cut_short(ctx.timing.clock())
+                facts.failed(failure.message, failure.status, failure.metric_reason)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
-                         escaped(failure.error.message))  # may quote the backend
+                         escaped(failure.message))  # may quote the backend
                 result = failure
         except BaseException as exc:
             await held.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         await held.__aexit__(None, None, None)
         if not isinstance(result, UpstreamFailure):
+            broke = attempt.failure  # mid-stream, after bytes reached the client
+            attempt.deadline_cut = broke is not None and deadline is not None \
+                and broke.timed_out and deadline.cut_short(ctx.timing.clock())
             facts.end()
             self._attempt_finished(ctx, attempt)
         return result

@@ -109,7 +109,8 @@ class RoutingHook:
         self._compiled = None
 
     def _learn(self, ctx: RequestContext, attempt: Attempt) -> None:
-        cannot, decision = attempt.cannot, ctx.decision
+        cannot = attempt.failure.cannot if attempt.failure is not None else None
+        decision = ctx.decision
         if cannot is None or not isinstance(decision, RouteDecision) or \
                 ctx.policy is not self._learned_under:
             return
@@ -174,19 +175,20 @@ class RoutingHook:
             # nothing of the target's health (a slow start must not eject the only
             # target a tenant may use); its latency is learnt from the answers it gives
             return
-        # a connect error, a timeout or a 5xx says the target is broken; a 429 (or the
-        # gateway's key refused) is an answer
-        broken = attempt.error is not None and (attempt.status is None or attempt.status >= 500)
+        # the failure's kind says whether it was the target's fault (a connect error,
+        # a timeout, a 5xx) or an answer (a 429, the gateway's key refused)
+        failure = attempt.failure
+        broken = failure is not None and failure.counts_against_health
         changed = (self.ejections.failed(key, now, ctx.policy.file.resilience.outlier_detection)
                    if broken else self.ejections.succeeded(key, now))
         if changed and self.metrics is not None:
             self.metrics.observe_ejection(
                 attempt.target.backend_name, attempt.target.model_name, ejected=broken)
-        if attempt.cannot is not None:  # a capability it lacks, not a fault
+        if failure is not None and failure.cannot is not None:  # a capability it lacks
             self._learn(ctx, attempt)
             return
-        if attempt.error is not None:
-            self.stats.record_error(key, now, retry_after_s=attempt.retry_after_s)
+        if failure is not None:
+            self.stats.record_error(key, now, retry_after_s=failure.retry_after_s)
             return
         started = ctx.attempt_started_s
         if started is None:

@@ -188,6 +188,11 @@ class GatewayMetrics:
             "retries", "Attempts retried on the same backend (connect error, 503, 529, 429 "
             "with Retry-After), within the retry budget.", ["backend"],
         )
+        self.upstream_failures = counter(
+            "upstream_failures", "Failed upstream attempts by the failure's kind "
+            "(`reason`: connect_refused, read_timeout, rate_limited, overloaded, …).",
+            ["backend", "reason"],
+        )
         self.resends = counter(
             "upstream_resends", "Requests sent again on a new connection because a kept-alive "
             "one failed before any byte of an answer (the backend closed or reset it).",
@@ -210,6 +215,10 @@ class GatewayMetrics:
         assert record.split is not None
         if record.route is not None and record.reason is not None:
             self.observe_decision(record.route, record.decided_backend or "", record.reason)
+        for attempt in record.attempts:
+            if attempt.failure is not None:
+                self.upstream_failures.labels(self.label("backend", attempt.backend),
+                                              attempt.failure).inc()
         for from_backend, to_backend in record.fallbacks():
             self.observe_fallback(record.route or "", from_backend, to_backend)
         if record.rejection == "shed":

@@ -8,7 +8,7 @@ on the way out (`chat_to_anthropic.messages_request`) and hands back an
 fallback, usage settlement and telemetry run unchanged for Anthropic backends.
 
 Session, timeouts and failure mapping (connect errors, timeouts, 429, 5xx including
-529 `overloaded_error` → `UpstreamFailure`, which falls back) are `OpenAIUpstream`'s.
+529 `overloaded_error` → `failures.Overloaded`, which falls back) are `OpenAIUpstream`'s.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from policies.schema import Backend
 
 ANTHROPIC_VERSION = "2023-06-01"
 CHAT_PATH = "/chat/completions"  # the only OpenAI endpoint with a Messages counterpart
+# A Messages request sent as the client wrote it: its answer is returned untranslated.
+MESSAGES_PATH = "/messages"
 
 
 class _TranslatedContent:
@@ -121,11 +123,14 @@ class AnthropicUpstream(OpenAIUpstream):
         return orjson.dumps(messages_request({**body, "model": model}))
 
     # Returns the OpenAI-shaped view, not the aiohttp response the base class returns;
-    # the pipeline reads both through `pool.UpstreamResponse`. `body`: from `prepare`.
+    # the pipeline reads both through `pool.UpstreamResponse`. `body`: from `prepare`,
+    # or, at `MESSAGES_PATH`, the client's own Messages request.
     async def open(self, path: str, body: bytes,  # type: ignore[override]
                    headers: Mapping[str, str] | None = None,
-                   timeouts: Timeouts | None = None) -> AnthropicResponse:
+                   timeouts: Timeouts | None = None) -> AnthropicResponse | Http1Response:
         response = await super().open(self._messages_path, body, headers, timeouts)
+        if path == MESSAGES_PATH:
+            return response
         # The gateway asks every stream for its usage; the relay strips that chunk
         # again when the client did not ask for it.
         return AnthropicResponse(response, include_usage=True)

@@ -87,6 +87,14 @@ class ConnectFailed(ClientConnectionError):
         self.os_error = os_error
 
 
+class ConnectTimedOut(ServerTimeoutError):
+    """The connection did not open within `connect_s`."""
+
+
+class PoolTimedOut(ServerTimeoutError):
+    """No free connection within `pool_wait_s`."""
+
+
 class BodyTooLarge(ClientPayloadError):
     """A response body over the reader's bound; the connection is not reusable."""
 
@@ -327,7 +335,7 @@ class Http1Client:
                 elif waiter in self._waiters:  # `_give_back` may have passed over it
                     self._waiters.remove(waiter)
                 if isinstance(exc, TimeoutError):
-                    raise ServerTimeoutError(
+                    raise PoolTimedOut(
                         f"No free connection to {self.address} within {wait_s:g} s: all "
                         f"max_connections ({self._limit}) are busy") from None
                 raise
@@ -352,7 +360,7 @@ class Http1Client:
                     lambda: PooledResponseHandler(loop), self._host, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)
         except TimeoutError:
-            raise ServerTimeoutError(f"Connect timeout to {self.address}") from None
+            raise ConnectTimedOut(f"Connect timeout to {self.address}") from None
         except OSError as exc:
             raise ConnectFailed(self.address, exc) from exc
         return protocol

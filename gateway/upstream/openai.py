@@ -15,18 +15,20 @@ against the backend's `ca_file` when the policy names one.
 from __future__ import annotations
 
 import asyncio
-import ssl
-import time
 from collections.abc import Callable, Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
 
 from gateway.core.deadline import Timeouts
-from gateway.core.errors import UpstreamError, UpstreamTimeout
-from gateway.core.incapable import CONTEXT_LENGTH_EXCEEDED, Incapable
-from gateway.upstream.http1 import ConnectFailed, Http1Client, Http1Response
+from gateway.core.failures import (
+    CONTEXT_LENGTH_EXCEEDED,
+    Incapable,
+    status_failure,
+    status_kind,
+)
+from gateway.upstream.failures import READ_ERRORS, send_failure
+from gateway.upstream.http1 import Http1Client, Http1Response
 from gateway.upstream.rewrite import spliced_fields, upstream_body, with_fields
 from gateway.upstream.tls import ca_stamp, tls_context
 from policies.bands import PRIORITY_BANDS
@@ -39,40 +41,6 @@ PASSTHROUGH_HEADERS = ("openai-processing-ms",)
 PRIORITY_HEADER = "x-routegate-priority"
 
 
-class UpstreamFailure(Exception):
-    """An attempt that failed before any byte reached the client; `error` is what the
-    client would be told if no other candidate succeeds."""
-
-    def __init__(self, error: UpstreamError | UpstreamTimeout, *, status: int | None = None,
-                 body: bytes = b"", headers: Mapping[str, str] | None = None,
-                 cannot: Incapable | None = None) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.status = status  # the backend's HTTP status, when it answered
-        self.body = body
-        self.headers = dict(headers or {})
-        self.cannot = cannot  # the backend answered it cannot do what was asked
-
-    @property
-    def retry_after_s(self) -> float | None:
-        """How long the backend asked to be left alone (`retry-after-ms`, or
-        `Retry-After` in seconds or as an HTTP date), when it said so."""
-        lowered = {name.lower(): value for name, value in self.headers.items()}
-        try:
-            if "retry-after-ms" in lowered:
-                return max(0.0, float(lowered["retry-after-ms"]) / 1000.0)
-            value = lowered.get("retry-after")
-            if value is None:
-                return None
-            if value.strip().isdigit():
-                return float(value)
-            when = parsedate_to_datetime(value)
-        except (ValueError, TypeError):
-            return None
-        return max(0.0, when.timestamp() - time.time())
-
-
-UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # no such path (`/embeddings` on a chat server)
 _CANNOT_CODES = frozenset({CONTEXT_LENGTH_EXCEEDED, "unsupported_parameter",
                            "unsupported_value"})
 
@@ -91,8 +59,6 @@ def incapable(status: int, error: object) -> Incapable | None:
     return Incapable(str(code), param if isinstance(param, str) else None, message[:300])
 
 
-
-_GATEWAY_CREDENTIALS_REFUSED = (401, 403)
 # An error reply is read for its message only; past this it is dropped unread.
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
@@ -208,41 +174,23 @@ class OpenAIUpstream:
             self._finished()
             raise
         response.on_done = self._finished
-        status = response.status
-        if status == 429 or status >= 500 or status in _GATEWAY_CREDENTIALS_REFUSED:
-            try:
-                error_body = await response.read(MAX_ERROR_BODY_BYTES)
-            except (TimeoutError, aiohttp.ClientError):
-                error_body = b""
-            finally:
-                response.release()
-            # A 401/403 is about the gateway's key for this backend, not the client's:
-            # relayed, it would tell the client its own key is wrong.
-            message = (f"Backend '{self.name}' did not accept the gateway's credentials "
-                       f"(HTTP {status})." if status in _GATEWAY_CREDENTIALS_REFUSED
-                       else f"Backend '{self.name}' returned HTTP {status}.")
-            raise UpstreamFailure(UpstreamError(message), status=status, body=error_body,
-                                  headers=response.headers)
-        return response
+        kind = status_kind(response.status)
+        if kind is None:
+            return response
+        try:
+            error_body = await response.read(MAX_ERROR_BODY_BYTES)
+        except READ_ERRORS:
+            error_body = b""
+        finally:
+            response.release()
+        raise status_failure(kind, self.name, response.status, error_body, response.headers)
 
     async def _post(self, path: str, body: bytes, headers: Mapping[str, str] | None,
                     timeouts: Timeouts | None) -> Http1Response:
         try:
             return await self.client().post(path, body, headers, timeouts)
-        except TimeoutError as exc:
-            raise UpstreamFailure(UpstreamTimeout(
-                f"Backend '{self.name}' did not respond in time ({exc.__class__.__name__})."
-            )) from exc
-        except ConnectFailed as exc:
-            if isinstance(exc.os_error, ssl.SSLCertVerificationError):
-                raise UpstreamFailure(UpstreamError(
-                    f"Backend '{self.name}' failed TLS verification: "
-                    f"{exc.os_error.verify_message}.")) from exc
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{self.name}' is unreachable: {exc.os_error}.")) from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamFailure(UpstreamError(
-                f"Backend '{self.name}' failed: {exc.__class__.__name__}: {exc}.")) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise send_failure(self.name, exc) from exc
 
 
 def _priority_wire(backend: Backend) -> tuple[dict[str, str], dict[str, tuple[dict[str, Any],

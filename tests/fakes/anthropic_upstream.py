@@ -11,9 +11,10 @@ POST /v1/messages answers a `message` JSON, or with `"stream": true` the event s
 `content_block_stop`, `message_delta` with stop_reason and usage, `message_stop`).
 Like the real API it refuses a request without `anthropic-version`, without
 `max_tokens`, or with a role other than user/assistant in `messages` (400
-`invalid_request_error`). `behaviour` can fail with a status (529 `overloaded_error`,
-429 with `retry-after`, ...), answer with a tool call, or send an `error` event
-mid-stream.
+`invalid_request_error`). With `thinking` enabled the answer opens with a `thinking`
+block (streamed as `thinking_delta` and `signature_delta`), as the real API's does.
+`behaviour` can fail with a status (529 `overloaded_error`, 429 with `retry-after`,
+...), answer with a tool call, or send an `error` event mid-stream.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+THINKING = "The user wants a greeting."
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pk"
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
@@ -58,6 +61,11 @@ def _words(value: object) -> int:
     if isinstance(value, dict):
         return _words(value.get("text") or value.get("content") or "")
     return 0
+
+
+def thinks(body: Any) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") == "enabled"
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -125,6 +133,8 @@ class FakeAnthropic:
         if body.get("stream"):
             return await self._stream(request, body, input_tokens)
         content: list[dict[str, Any]] = [{"type": "text", "text": b.reply}]
+        if thinks(body):
+            content.insert(0, {"type": "thinking", "thinking": THINKING, "signature": SIGNATURE})
         stop_reason = b.stop_reason
         if b.tool_call is not None:
             content.append({"type": "tool_use", "id": "toolu_fake", "name": b.tool_call[0],
@@ -155,7 +165,18 @@ class FakeAnthropic:
             "id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"],
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": 1}}})
-        await send("content_block_start", {"type": "content_block_start", "index": 0,
+        text_index = 0
+        if thinks(body):
+            text_index = 1
+            await send("content_block_start", {"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "thinking",
+                                                                 "thinking": ""}})
+            for delta in ({"type": "thinking_delta", "thinking": THINKING},
+                          {"type": "signature_delta", "signature": SIGNATURE}):
+                await send("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                   "delta": delta})
+            await send("content_block_stop", {"type": "content_block_stop", "index": 0})
+        await send("content_block_start", {"type": "content_block_start", "index": text_index,
                                            "content_block": {"type": "text", "text": ""}})
         await send("ping", {"type": "ping"})
         for index, piece in enumerate(pieces):
@@ -165,23 +186,27 @@ class FakeAnthropic:
                 return response
             if b.chunk_delay_s:
                 await asyncio.sleep(b.chunk_delay_s)
-            await send("content_block_delta", {"type": "content_block_delta", "index": 0,
+            await send("content_block_delta", {"type": "content_block_delta",
+                                               "index": text_index,
                                                "delta": {"type": "text_delta", "text": piece}})
-        await send("content_block_stop", {"type": "content_block_stop", "index": 0})
+        await send("content_block_stop", {"type": "content_block_stop", "index": text_index})
         stop_reason = b.stop_reason
         if b.tool_call is not None:
             stop_reason = "tool_use"
-            await send("content_block_start", {"type": "content_block_start", "index": 1,
+            await send("content_block_start", {"type": "content_block_start",
+                                               "index": text_index + 1,
                                                "content_block": {"type": "tool_use",
                                                                  "id": "toolu_fake",
                                                                  "name": b.tool_call[0],
                                                                  "input": {}}})
             arguments = orjson.dumps(b.tool_call[1]).decode()
             for part in (arguments[:5], arguments[5:]):
-                await send("content_block_delta", {"type": "content_block_delta", "index": 1,
+                await send("content_block_delta", {"type": "content_block_delta",
+                                                   "index": text_index + 1,
                                                    "delta": {"type": "input_json_delta",
                                                              "partial_json": part}})
-            await send("content_block_stop", {"type": "content_block_stop", "index": 1})
+            await send("content_block_stop", {"type": "content_block_stop",
+                                              "index": text_index + 1})
         await send("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": stop_reason,
                                                "stop_sequence": None},

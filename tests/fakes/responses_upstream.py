@@ -3,6 +3,7 @@
     fake = FakeResponses()
     base_url = await fake.start()       # "http://127.0.0.1:<port>/v1"
     fake.received[-1]                   # the JSON bodies the gateway sent
+    fake.received_raw[-1]               # ... byte for byte
     await fake.stop()
 
 It answers with `reply` as one message, or, when the request offers function tools and
@@ -28,6 +29,7 @@ class FakeResponses:
     reply: str = "Hello from the native Responses backend."
     tool_call: tuple[str, str] = ("get_weather", '{"city": "Paris"}')
     received: list[Body] = field(default_factory=list)
+    received_raw: list[bytes] = field(default_factory=list)
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -75,8 +77,10 @@ class FakeResponses:
                     "total_tokens": words + 5}}
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read())
+        raw = await request.read()
+        body = orjson.loads(raw)
         self.received.append(body)
+        self.received_raw.append(raw)
         self._count += 1
         output = self._output(body)
         if not body.get("stream"):

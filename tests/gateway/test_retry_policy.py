@@ -6,9 +6,15 @@ import email.utils
 import time
 
 from gateway.core.deadline import Deadline
-from gateway.core.errors import UpstreamError, UpstreamTimeout
-from gateway.pipeline.retries import RetryPolicy, retry_after_s
-from gateway.upstream.openai import UpstreamFailure
+from gateway.core.failures import (
+    ConnectRefused,
+    ReadTimeout,
+    UpstreamFailure,
+    retry_after_s,
+    status_failure,
+    status_kind,
+)
+from gateway.pipeline.retries import RetryPolicy
 from policies.resilience import Retries
 
 SETTINGS = Retries(max_per_target=2, backoff_base_ms=100, backoff_max_ms=1000,
@@ -16,7 +22,12 @@ SETTINGS = Retries(max_per_target=2, backoff_base_ms=100, backoff_max_ms=1000,
 
 
 def failure(status: int | None, **headers: str) -> UpstreamFailure:
-    return UpstreamFailure(UpstreamError("down"), status=status, headers=headers)
+    """The kind the adapter makes of an answer with `status` (None: no connection)."""
+    if status is None:
+        return ConnectRefused("down")
+    kind = status_kind(status)
+    assert kind is not None
+    return status_failure(kind, "b", status, b"", headers)
 
 
 def policy(draw: float = 1.0, now: list[float] | None = None) -> RetryPolicy:
@@ -42,7 +53,7 @@ def test_what_is_not_retried() -> None:
     retries = policy()
     assert retries.wait_s(failure(500), 0, SETTINGS, None, 0.0) is None
     assert retries.wait_s(failure(429), 0, SETTINGS, None, 0.0) is None  # no advice
-    timeout = UpstreamFailure(UpstreamTimeout("slow"))
+    timeout = ReadTimeout("slow")
     assert retries.wait_s(timeout, 0, SETTINGS, None, 0.0) is None
     assert retries.wait_s(failure(None), 0, SETTINGS, None, 0.0) == 0.1  # connect error
     assert retries.wait_s(failure(529), 2, SETTINGS, None, 0.0) is None  # had its two
