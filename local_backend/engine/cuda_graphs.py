@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from local_backend.engine.paged_attention import AttentionMetadata, PagedAttention
+from local_backend.engine.attention.paged import AttentionMetadata, PagedAttention
 
 # Batch sizes a graph is captured for (vLLM's pattern: small sizes dense, then steps of 8).
 DEFAULT_BUCKETS = (1, 2, 4, *range(8, 257, 8))

@@ -7,10 +7,10 @@ from typing import Literal
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from local_backend.engine.attention.flex import FlexFn, FlexPagedAttention, build_block_mask
+from local_backend.engine.attention.paged import AttentionMetadata, PagedAttention, PrefillChunk
 from local_backend.engine.capacity import kv_bytes_per_block
 from local_backend.engine.cuda_graphs import DecodeGraphs, decode_buckets
-from local_backend.engine.flex_attention import FlexFn, FlexPagedAttention, build_block_mask
-from local_backend.engine.paged_attention import AttentionMetadata, PagedAttention, PrefillChunk
 from local_backend.engine.sequence import Sequence
 from local_backend.engine.step_inputs import StepInputs, StepTensors
 from local_backend.model.llama import Attention, LlamaForCausalLM

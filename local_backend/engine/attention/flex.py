@@ -12,7 +12,7 @@ all rows.
 
 Eagerly, torch computes flex attention densely over every key of the cache (its
 reference implementation); only a compiled `flex_attention` skips the blocks the mask
-leaves out. The gather + SDPA path (paged_attention.py) stays the reference, and the
+leaves out. The gather + SDPA path (attention/paged.py) stays the reference, and the
 default wherever this one has not been measured faster.
 """
 
