@@ -17,7 +17,6 @@ down) makes the request a bypass: no cache, never an error.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -94,7 +93,7 @@ class ResponseCache:
             self._note(ctx, "bypass")
             return None
         if plan.mode == "use":
-            started = time.perf_counter()
+            started = ctx.timing.clock()
             try:
                 stored = await self.blobs.get(plan.key)
             except BlobStoreUnavailable as exc:
@@ -104,7 +103,7 @@ class ResponseCache:
                 self._note(ctx, "bypass")
                 return None
             finally:
-                ctx.timing.add_wait("cache", time.perf_counter() - started)
+                ctx.timing.add_wait("cache", ctx.timing.clock() - started)
             if stored is not None:
                 completion, cost = decode(stored)
                 counts.hits += 1

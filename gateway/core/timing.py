@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from gateway.core.inference_time import UNKNOWN, InferenceReport
 
 Clock = Callable[[], float]  # monotonic seconds
+# The one clock of durations (routing's statistics, queues and deadlines use it too);
+# wall time (`time_ns`) only where a timestamp leaves the process (spans, logs).
+MONOTONIC: Clock = time.monotonic
 
 
 # Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
@@ -83,7 +86,7 @@ def _ms(seconds: float) -> float:
 class RequestTimings:
     """Clock marks of one request. Methods are called by the pipeline as steps happen."""
 
-    clock: Clock = time.perf_counter
+    clock: Clock = MONOTONIC
     start: float = -1.0  # clock() at arrival; negative = now
     queue_s: float = 0.0
     upstream_s: float = 0.0  # finished attempts

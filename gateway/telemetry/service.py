@@ -9,12 +9,12 @@ once, whatever path the request took (answered, refused, cut off by a disconnect
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from time import perf_counter, time_ns
+from time import time_ns
 from typing import IO
 
 import gateway.telemetry.semconv as a
 from gateway.core.record import RequestRecord
-from gateway.core.timing import Clock, RequestTimings
+from gateway.core.timing import MONOTONIC, Clock, RequestTimings
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.live import LiveWindow, Sample
 from gateway.telemetry.metrics import GatewayMetrics
@@ -40,7 +40,7 @@ class Telemetry:
         self.metrics = metrics or GatewayMetrics()
         self.access_log = access_log or AccessLog()
         self.live = live or LiveWindow()
-        self.clock: Clock = clock or perf_counter
+        self.clock: Clock = clock or MONOTONIC
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *,
