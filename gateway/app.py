@@ -22,6 +22,7 @@ from gateway.cache import install as install_cache
 from gateway.compat import check_aiohttp
 from gateway.errors import error_middleware
 from gateway.hooks import Hooks
+from gateway.keys.install import install as install_keys
 from gateway.launch.board import board_context
 from gateway.launch.supervisor import Supervisor
 from gateway.limits.http import install as install_limits
@@ -88,7 +89,11 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
                                               state.ttl_s))
     live.pin("responses.store", lambda policy: policy.file.responses.store)
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
-    install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
+    limiter = install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
+    # managed keys (/admin/keys, /admin/spend): looked up after the policy's, limited
+    # around the limits' admission
+    install_keys(app, live, hooks, app[PIPELINE].auth, limiter, data_dir=settings.data_dir,
+                 redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     # backend states and the policy version, read when /metrics or the dashboard is read
     gateway_state = StateCollector(live, pool, hooks.telemetry.metrics)
     hooks.telemetry.metrics.registry.register(gateway_state)

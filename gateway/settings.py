@@ -40,3 +40,6 @@ class Settings:
     workers: int = 1
     reuse_port: bool = False
     launch_board: Path | None = None
+    # Where managed keys (SQLite), their spend and the audit log live (`serve`: from
+    # ROUTEGATE_DATA_DIR); None: keys and spend in memory, no audit file (tests)
+    data_dir: Path | None = None

@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(host=args.host, port=args.port, policy_path=path,
                         shadow_policy_path=args.shadow_policy, workers=args.worker_count,
                         reuse_port=args.worker_index is not None,
-                        launch_board=args.launch_board)
+                        launch_board=args.launch_board,
+                        data_dir=Path(os.environ.get("ROUTEGATE_DATA_DIR")
+                                      or Path.home() / ".local/state/routegate"))
     if args.workers > 1 and args.worker_index is None:
         worker_args = ["--policy", str(path), "--host", args.host, "--port", str(args.port)]
         if args.shadow_policy is not None:
