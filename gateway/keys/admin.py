@@ -139,12 +139,21 @@ async def get_key(request: web.Request) -> web.Response:
     now = service.clock()
     out = record.public(now)
     spend: dict[str, Any] = {"day_micros": None, "month_micros": None, "total_micros": None}
-    try:
-        usage = await service.limiter.store.usage(limit_tenant(record.id), now)
-        spend["day_micros"], spend["month_micros"] = (usage.day.spend_micros,
-                                                      usage.month.spend_micros)
-    except StoreUnavailable:
-        pass  # the limit store is out: unknown, not zero
+    if record.budget_day_micros is not None or record.budget_month_micros is not None:
+        # what the budgets are enforced against: the key's ledger in the limit store
+        with contextlib.suppress(StoreUnavailable):  # the limit store is out: unknown
+            usage = await service.limiter.store.usage(limit_tenant(record.id), now)
+            spend["day_micros"], spend["month_micros"] = (usage.day.spend_micros,
+                                                          usage.month.spend_micros)
+    if spend["day_micros"] is None:
+        with contextlib.suppress(KeyStoreUnavailable):
+            await service.ledger.flush()
+            today = datetime.fromtimestamp(now, UTC).date()
+            rows = [row for row in await service.store.spend(
+                today.replace(day=1).isoformat(), today.isoformat()) if row.key == record.id]
+            spend["day_micros"] = sum(row.cost_micros for row in rows
+                                      if row.day == today.isoformat())
+            spend["month_micros"] = sum(row.cost_micros for row in rows)
     with contextlib.suppress(KeyStoreUnavailable):
         spend["total_micros"] = await service.ledger.key_total_micros(record.id)
     out["spend"] = spend
