@@ -57,7 +57,7 @@ class AdminApi:
     async def create(self, **fields: Any) -> dict[str, Any]:
         status, body = await self.call("POST", "/admin/keys", {"tenant": "acme", **fields})
         assert status == 201, body
-        return body  # type: ignore[no-any-return]
+        return body
 
 
 async def chat(url: str, key: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:

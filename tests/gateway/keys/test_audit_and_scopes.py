@@ -28,6 +28,7 @@ async def test_every_change_is_one_audit_line_with_who_what_and_before_after(
     created = await admin.create(name="a")
     await admin.call("PATCH", f"/admin/keys/{created['id']}", {"name": "b"})
     status, rotated = await admin.call("POST", f"/admin/keys/{created['id']}/rotate")
+    assert status == 200
     await admin.call("POST", f"/admin/keys/{created['id']}/revoke")
     lines = _audit(tmp_path)
     assert [line["action"] for line in lines] == ["create", "update", "rotate", "revoke"]
@@ -52,7 +53,7 @@ async def test_concurrent_updates_both_succeed_the_last_wins_and_both_are_audite
     updates = [line for line in _audit(tmp_path) if line["action"] == "update"]
     assert len(updates) == 2
     status, shown = await admin.call("GET", f"/admin/keys/{created['id']}")
-    assert shown["name"] == updates[-1]["after"]["name"]
+    assert status == 200 and shown["name"] == updates[-1]["after"]["name"]
 
 
 async def test_a_managed_admin_key_reads_and_writes_by_its_scope_within_its_tenant(

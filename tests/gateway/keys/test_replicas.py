@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import redis as sync_redis
 
@@ -22,7 +23,7 @@ async def _replicas(start_gateway: StartGateway, upstream: FakeOpenAI, redis: Re
     return await start_gateway(policy), await start_gateway(policy)
 
 
-async def _until(check, within_s: float) -> float:  # type: ignore[no-untyped-def]
+async def _until(check: Callable[[], Awaitable[bool]], within_s: float) -> float:
     """Seconds until `await check()` is true (AssertionError past `within_s`)."""
     start = time.monotonic()
     while not await check():
