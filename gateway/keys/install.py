@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -27,6 +27,12 @@ from gateway.limits.limiter import Limiter
 from gateway.policy.live import LivePolicy
 
 log = logging.getLogger("routegate.keys")
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """`ROUTEGATE_DATA_DIR`, else ~/.local/state/routegate (`routegate serve`)."""
+    value = environ.get("ROUTEGATE_DATA_DIR")
+    return Path(value) if value else Path.home() / ".local/state/routegate"
 
 
 def store_for(store: str, data_dir: Path | None, redis_url: str | None) -> KeyStore:

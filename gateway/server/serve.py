@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.app import LIVE_POLICY, create_app
 from gateway.compat import IncompatibleAiohttp, check_aiohttp
+from gateway.keys.install import default_data_dir
 from gateway.server.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.server.runner import GatewayRunner
 from gateway.server.workers import supervise, worker_count
@@ -82,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
                         shadow_policy_path=args.shadow_policy, workers=args.worker_count,
                         reuse_port=args.worker_index is not None,
                         launch_board=args.launch_board,
-                        data_dir=Path(os.environ.get("ROUTEGATE_DATA_DIR")
-                                      or Path.home() / ".local/state/routegate"))
+                        data_dir=default_data_dir(os.environ))
     if args.workers > 1 and args.worker_index is None:
         worker_args = ["--policy", str(path), "--host", args.host, "--port", str(args.port)]
         if args.shadow_policy is not None:
