@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.errors import BadRequest, Forbidden, NotFound
+from gateway.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
 from gateway.keys.admin_auth import Admin, authorize
 from gateway.keys.admission import limit_tenant
 from gateway.keys.payloads import CreateKey, RotateKey, UpdateKey, changes, check_tenant, parse
@@ -38,6 +38,19 @@ from policies.keys import hash_key, new_key
 SERVICE = web.AppKey("routegate.keys", KeyService)
 MAX_PAGE = 1000
 MAX_SPEND_DAYS = 366
+MAX_BODY_BYTES = 64 * 1024  # a key's fields are a few hundred bytes
+
+
+async def _body(request: web.Request) -> bytes:
+    """The body, up to `MAX_BODY_BYTES` (the app's own cap is for inference bodies)."""
+    if (request.content_length or 0) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"An admin request body is at most {MAX_BODY_BYTES} bytes.")
+    body = bytearray()
+    while chunk := await request.content.read(MAX_BODY_BYTES + 1 - len(body)):
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"An admin request body is at most {MAX_BODY_BYTES} bytes.")
+    return bytes(body)
 
 
 def add_routes(app: web.Application) -> None:
@@ -91,7 +104,7 @@ async def _changed(request: web.Request, service: KeyService, admin: Admin, acti
 
 async def create_key(request: web.Request) -> web.Response:
     service, admin = _admin(request, write=True)
-    body = parse(CreateKey, await request.read())
+    body = parse(CreateKey, await _body(request))
     policy, now = service.live.current, service.clock()
     check_tenant(policy, body.tenant)
     if admin.tenant is not None and body.tenant != admin.tenant:
@@ -168,7 +181,7 @@ async def get_key(request: web.Request) -> web.Response:
 
 async def update_key(request: web.Request) -> web.Response:
     service, admin = _admin(request, write=True)
-    body = parse(UpdateKey, await request.read())
+    body = parse(UpdateKey, await _body(request))
     before = await _record(service, admin, request.match_info["id"])
     if before.revoked_at is not None:
         raise BadRequest(f"Key {before.id} is revoked; a revoked key cannot be changed.",
@@ -181,7 +194,7 @@ async def update_key(request: web.Request) -> web.Response:
 
 async def rotate_key(request: web.Request) -> web.Response:
     service, admin = _admin(request, write=True)
-    body = parse(RotateKey, await request.read())
+    body = parse(RotateKey, await _body(request))
     before = await _record(service, admin, request.match_info["id"])
     if before.revoked_at is not None:
         raise BadRequest(f"Key {before.id} is revoked; a revoked key cannot be rotated.",

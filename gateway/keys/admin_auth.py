@@ -35,6 +35,10 @@ class TooManyFailures(RateLimited):
     code = "too_many_failed_authentications"
 
 
+class ScopeMissing(Forbidden):
+    """An admin key of the right kind, short of the scope the action needs."""
+
+
 class FailedAuthGuard:
     """Failed admin authentications per client address, per minute."""
 
@@ -67,8 +71,9 @@ def authorize(request: web.Request, policy: Policy, view: KeyView, guard: Failed
     try:
         return _admin(request, policy, view, write=write)
     except GatewayError as exc:
-        if not isinstance(exc, Forbidden) or "scope" not in exc.message:
-            guard.failed(remote)  # a wrong key, not a right key short of a scope
+        # a wrong key counts; a right key short of a scope, or a store out (503), does not
+        if exc.status in (401, 403) and not isinstance(exc, ScopeMissing):
+            guard.failed(remote)
         audit.write(who="?", action="auth", outcome=f"refused_{exc.status}", remote=remote,
                     detail=action)
         raise
@@ -91,5 +96,5 @@ def _admin(request: web.Request, policy: Policy, view: KeyView, *, write: bool) 
         raise Forbidden("This key is not an admin key.")
     scopes = managed.record.scopes
     if write and "admin:write" not in scopes:
-        raise Forbidden("This key's scope is admin:read; this action needs admin:write.")
+        raise ScopeMissing("This key's scope is admin:read; this action needs admin:write.")
     return Admin(f"key:{managed.record.id}", managed.record.tenant, "admin:write" in scopes)

@@ -11,6 +11,7 @@ tenant's reservation back (settled with nothing used).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -98,7 +99,7 @@ class KeyAdmission:
             return
         try:
             self._reservations[ctx.request_id] = await self._admit_key(ctx, record)
-        except GatewayError:
+        except (GatewayError, asyncio.CancelledError):
             await self.inner.settle(ctx)  # nothing used: the tenant's tokens come back
             raise
 
@@ -134,12 +135,12 @@ class KeyAdmission:
         return decision.reservation
 
     async def settle(self, ctx: RequestContext) -> None:
+        reservation = self._reservations.pop(ctx.request_id, None)
         await self.inner.settle(ctx)  # sets record.cost_micros: what every report reads
         if ctx.ticket is None:
             return
         input_tokens, output_tokens = actual_tokens(ctx)
         cost = ctx.record.cost_micros or 0
-        reservation = self._reservations.pop(ctx.request_id, None)
         if reservation is not None:
             try:
                 await self.limiter.store.settle(

@@ -60,3 +60,11 @@ async def test_an_unknown_key_id_is_a_404(openai_upstream: FakeOpenAI,
     gateway = await start_gateway(keys_policy(openai_upstream.url))
     status, answer = await AdminApi(gateway.url).call("POST", "/admin/keys/key_nope/revoke")
     assert status == 404 and answer["error"]["code"] == "key_not_found"
+
+
+async def test_an_oversized_admin_body_is_a_413(openai_upstream: FakeOpenAI,
+                                                start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(keys_policy(openai_upstream.url))
+    status, _ = await AdminApi(gateway.url).call(
+        "POST", "/admin/keys", {"tenant": "acme", "name": "x" * 100_000})
+    assert status == 413
