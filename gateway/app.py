@@ -91,9 +91,10 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # rate limits and budgets; a deployment's Redis URL overrides the policy's `limits.store`
     limiter = install_limits(app, live, hooks, redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
     # managed keys (/admin/keys, /admin/spend): looked up after the policy's, limited
-    # around the limits' admission
+    # around the limits' admission; never in `serve --workers`' private, unpersisted Redis
     install_keys(app, live, hooks, app[PIPELINE].auth, limiter, data_dir=settings.data_dir,
-                 redis_url=os.environ.get("ROUTEGATE_REDIS_URL"))
+                 redis_url=None if os.environ.get("ROUTEGATE_REDIS_PRIVATE")
+                 else os.environ.get("ROUTEGATE_REDIS_URL"))
     # backend states and the policy version, read when /metrics or the dashboard is read
     gateway_state = StateCollector(live, pool, hooks.telemetry.metrics)
     hooks.telemetry.metrics.registry.register(gateway_state)
