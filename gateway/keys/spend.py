@@ -92,6 +92,8 @@ class SpendLedger:
                 await self.flush()
             except KeyStoreUnavailable as exc:
                 log.warning("spend not written yet (kept for the next try): %s", exc)
+            except Exception:  # a task supervisor: the next flush still runs
+                log.exception("spend not written")
 
     async def key_total_micros(self, key_id: str) -> int:
         """What a key has spent in all, as of at most `TOTALS_TTL_S` ago on any replica."""

@@ -158,6 +158,9 @@ class KeyView:
                                 exc, "refused" if self._closed() else "served as last known",
                                 self.settings.max_stale_s)
                 self.failing = str(exc)
+            except Exception:  # a task supervisor: a bad record must not stop the checks
+                log.exception("key store check failed")
+                self.failing = "check failed"
             try:
                 async with asyncio.timeout(self.settings.check_interval_s):
                     await self._dirty.wait()
@@ -175,4 +178,6 @@ class KeyView:
                     self._dirty.set()
             except KeyStoreUnavailable:
                 pass  # the periodic check reports the outage
+            except Exception:  # a task supervisor: the checks go on, and so do we
+                log.exception("key notifications dropped; subscribing again")
             await asyncio.sleep(self.settings.check_interval_s)
