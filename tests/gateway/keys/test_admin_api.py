@@ -138,3 +138,20 @@ async def test_listing_pages_and_filters_by_tenant_and_label(
     assert [k["id"] for k in rest["data"]] == [k["id"] for k in made[2:]]
     status, labelled = await admin.call("GET", "/admin/keys?label=a")
     assert [k["id"] for k in labelled["data"]] == [made[1]["id"], made[3]["id"]]
+
+
+async def test_workers_sharing_the_embedded_store_see_a_revocation_within_a_second(
+        openai_upstream: FakeOpenAI, start_gateway: StartGateway, tmp_path: Path) -> None:
+    # two apps on one data directory: what the workers of `serve --workers 2` share
+    settings = Settings(port=0, data_dir=tmp_path)
+    one = await start_gateway(keys_policy(openai_upstream.url), settings)
+    two = await start_gateway(keys_policy(openai_upstream.url), settings)
+    created = await AdminApi(one.url).create()
+    await asyncio.sleep(0.6)  # one check interval
+    assert (await chat(two.url, created["key"]))[0] == 200
+    assert (await AdminApi(one.url).call("POST", f"/admin/keys/{created['id']}/revoke"))[0] \
+        == 200
+    started = time.monotonic()
+    while (await chat(two.url, created["key"]))[0] != 401:
+        assert time.monotonic() - started < 1.0
+        await asyncio.sleep(0.02)
