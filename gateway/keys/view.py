@@ -28,6 +28,7 @@ from gateway.keys.store import KeyStore, KeyStoreUnavailable
 from policies.keys_schema import KeyService
 
 log = logging.getLogger("routegate.keys")
+RETRY = {"Retry-After": "1"}  # the view checks the store at least this often
 
 
 class KeysUnavailable(GatewayError):
@@ -73,14 +74,14 @@ class KeyView:
         if entry is None:
             if not self.loaded and self._closed():
                 raise KeysUnavailable("API keys cannot be checked right now (the key store "
-                                      "is unavailable); retry shortly.")
+                                      "is unavailable); retry shortly.", headers=RETRY)
             return None
         if not hmac.compare_digest(entry.key_hash, digest) \
                 or self._clock() >= entry.valid_until:
             return None
         if self._closed() and self._stale():
             raise KeysUnavailable("API keys cannot be checked right now (the key store is "
-                                  "unavailable); retry shortly.")
+                                  "unavailable); retry shortly.", headers=RETRY)
         return entry.identity
 
     def entry(self, digest: str | None) -> ManagedKey | None:
