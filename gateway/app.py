@@ -23,6 +23,7 @@ from gateway.core.errors import error_middleware
 from gateway.core.hooks import Hooks
 from gateway.core.live_policy import LivePolicy
 from gateway.dashboard import dashboard_routes
+from gateway.keys.install import install as install_keys
 from gateway.launch.board import board_context
 from gateway.launch.supervisor import Supervisor
 from gateway.limits.http import install as install_limits
@@ -58,6 +59,7 @@ _AIOHTTP_BODY_CAP = 1 << 30
 # with `install(wiring) -> Provides` and a line here (`gateway/plugin.py`).
 PLUGINS: tuple[Plugin, ...] = (
     install_limits,  # rate limits and budgets: admission, settlement
+    install_keys,  # managed keys: their lookup, limits and spend around the limits'
     install_routing,  # routing.decide as the router; live stats; backend load and health
     install_cache,  # routes' `cache:`: kept answers, no backend call
     install_queues,  # per-backend slots: priority, deadlines, shedding, `max_concurrency`

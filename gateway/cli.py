@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.policy import commands as policy_commands
-from gateway.policy import key_commands
+from gateway.commands import keys as key_commands
+from gateway.commands import policy as policy_commands
 from gateway.server import serve
 from gateway.settings import package_version
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from gateway.core.auth import ManagedKeys
 from gateway.core.hooks import Admission, Cache, Hooks, Observer, QueueSlots, Router
 from gateway.core.live_policy import LivePolicy
 from gateway.settings import Settings
@@ -48,8 +49,11 @@ class Provides:
     queue: QueueSlots | None = None
     cache: Cache | None = None
     observers: tuple[Observer, ...] = ()
+    managed_keys: ManagedKeys | None = None  # keys authentication finds past the policy's
     # wraps whichever queue is installed (routing counts in-flight requests around it)
     wraps_queue: Callable[[QueueSlots], QueueSlots] | None = None
+    # wraps the admission installed before it (managed keys' limits around the tenant's)
+    wraps_admission: Callable[[Admission], Admission] | None = None
 
 
 NOTHING = Provides()
@@ -66,7 +70,7 @@ def assemble(wiring: Wiring, plugins: Sequence[Plugin], *,
     """Install `plugins` in order and fix the hooks they provide. `observers` come first
     (the app's own, e.g. the drain, which must see a request before any plug-in)."""
     defaults = Hooks()
-    admission, router, queue, cache = None, None, None, None
+    admission, router, queue, cache, keys = None, None, None, None, None
     told: list[Observer] = list(observers)
     wrappers: list[Callable[[QueueSlots], QueueSlots]] = []
     for plugin in plugins:
@@ -75,15 +79,18 @@ def assemble(wiring: Wiring, plugins: Sequence[Plugin], *,
         router = _once("router", router, provided.router)
         queue = _once("queue", queue, provided.queue)
         cache = _once("cache", cache, provided.cache)
+        keys = _once("managed_keys", keys, provided.managed_keys)
         told.extend(provided.observers)
         if provided.wraps_queue is not None:
             wrappers.append(provided.wraps_queue)
+        if provided.wraps_admission is not None:  # around what is installed so far
+            admission = provided.wraps_admission(admission or defaults.admission)
     slots = queue or defaults.queue
     for wrap in wrappers:
         slots = wrap(slots)
     return Hooks(admission=admission or defaults.admission, router=router or defaults.router,
                  queue=slots, cache=cache or defaults.cache, observers=tuple(told),
-                 max_attempts=max_attempts)
+                 managed_keys=keys, max_attempts=max_attempts)
 
 
 T = TypeVar("T")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
@@ -44,3 +45,12 @@ class Settings:
     # a deployment's Redis (`ROUTEGATE_REDIS_URL`): over the policy's `limits.store`
     redis_url: str | None = field(
         default_factory=lambda: os.environ.get("ROUTEGATE_REDIS_URL") or None)
+    # Where managed keys (SQLite), their spend and the audit log live (`serve`: from
+    # ROUTEGATE_DATA_DIR); None: keys and spend in memory, no audit file (tests)
+    data_dir: Path | None = None
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """`ROUTEGATE_DATA_DIR`, else ~/.local/state/routegate (`routegate serve`)."""
+    value = environ.get("ROUTEGATE_DATA_DIR")
+    return Path(value) if value else Path.home() / ".local/state/routegate"

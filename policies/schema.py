@@ -35,6 +35,7 @@ from policies.file_model import NonNegativeFloat as NonNegativeFloat
 from policies.file_model import PositiveFloat as PositiveFloat
 from policies.file_model import PositiveInt as PositiveInt
 from policies.file_model import Target as Target
+from policies.keys_schema import KeyService as KeyService
 from policies.resilience import Resilience
 from policies.store_schema import STORE_URL_PATTERN as STORE_URL_PATTERN
 from policies.store_schema import LimitStore as LimitStore
@@ -348,3 +349,5 @@ class PolicyFile(FileModel):
     """Where the answers of routes with `cache:` are kept."""
     resilience: Resilience = Resilience()
     """Outlier ejection of failing targets, and retries of the same target."""
+    keys: KeyService = KeyService()
+    """Keys issued, limited, rotated and revoked through `/admin/keys` (docs/keys.md)."""

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,13 @@ from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 # `redis_server`: a real redis-server on a free loopback port, per test.
 # `redis_cluster` / `shared_redis_cluster`: a real 3-master Redis Cluster.
 pytest_plugins = ("tests.redis_server", "tests.redis_cluster")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`routegate serve` children the tests start keep keys, spend, audit lines and
+    batches in a scratch data directory, never the user's (`ROUTEGATE_DATA_DIR`)."""
+    os.environ["ROUTEGATE_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
 
 
 def single_backend_policy(url: str, *, models: tuple[str, ...] = ("gpt-4o-mini",),

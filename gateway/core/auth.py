@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
@@ -102,13 +103,21 @@ class KeyIndex:
         return found
 
 
+class ManagedKeys(Protocol):
+    """Keys issued outside the policy file (`gateway/keys`): an O(1) in-memory lookup."""
+
+    def identity(self, digest: str) -> Identity | None: ...
+
+
 class Authenticator:
-    """Resolves callers against the live policy, re-indexing keys when it changes."""
+    """Resolves callers against the live policy, re-indexing keys when it changes; a key
+    the policy does not list is looked up in `managed` (if wired)."""
 
-    __slots__ = ("_index",)
+    __slots__ = ("_index", "managed")
 
-    def __init__(self) -> None:
+    def __init__(self, managed: ManagedKeys | None = None) -> None:
         self._index: KeyIndex | None = None
+        self.managed = managed
 
     def index(self, policy: Policy) -> KeyIndex:
         index = self._index
@@ -129,7 +138,10 @@ class Authenticator:
         index = self.index(policy)
         key = presented_key(request)
         if key is not None:
-            identity = index.identity(key_hash(key))
+            digest = key_hash(key)
+            identity = index.identity(digest)
+            if identity is None and self.managed is not None:
+                identity = self.managed.identity(digest)
             if identity is not None:
                 return identity
         # a key that is not one (`Authorization: KEY`, `Basic …`) was presented too

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
+from gateway.core.auth import ManagedKeys
 from gateway.core.context import Attempt, RequestContext
 from gateway.core.errors import ModelNotFound
 from policies.load import ModelTarget
@@ -120,4 +121,5 @@ class Hooks:
     queue: QueueSlots = field(default_factory=NoQueue)
     cache: Cache[Any] = field(default_factory=NoCache)
     observers: tuple[Observer, ...] = ()
+    managed_keys: ManagedKeys | None = None  # found past the policy's keys (gateway/keys)
     max_attempts: int = 3  # candidates tried per request, the primary included

@@ -76,7 +76,7 @@ class Pipeline:
         self.pool = pool
         self.hooks = hooks
         self.telemetry = telemetry
-        self.auth = Authenticator()
+        self.auth = Authenticator(hooks.managed_keys)
         self.retries = RetryPolicy()
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:

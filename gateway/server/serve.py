@@ -18,7 +18,7 @@ from gateway.compat import IncompatibleAiohttp, check_aiohttp
 from gateway.core.drain import CUT_GRACE_S, DRAIN, drain_and_stop
 from gateway.server.runner import GatewayRunner
 from gateway.server.workers import supervise, worker_count
-from gateway.settings import Settings, default_policy_path, package_version
+from gateway.settings import Settings, default_data_dir, default_policy_path, package_version
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.tracing import TracingConfigError
 from policies.load import PolicyError, load
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(host=args.host, port=args.port, policy_path=path,
                         shadow_policy_path=args.shadow_policy, workers=args.worker_count,
                         reuse_port=args.worker_index is not None,
-                        launch_board=args.launch_board)
+                        launch_board=args.launch_board,
+                        data_dir=default_data_dir(os.environ))
     if args.workers > 1 and args.worker_index is None:
         worker_args = ["--policy", str(path), "--host", args.host, "--port", str(args.port)]
         if args.shadow_policy is not None:

@@ -229,6 +229,7 @@ class WorkerSupervisor:
                 return False
             await asyncio.sleep(0.02)
         self.env["ROUTEGATE_REDIS_URL"] = f"unix://{socket_path}"
+        self.env["ROUTEGATE_REDIS_PRIVATE"] = "1"  # not for state that outlives it (keys)
         log.info("rate limits shared by the workers in a private redis-server (pid %d)",
                  self._redis.pid)
         return True

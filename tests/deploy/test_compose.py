@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gateway.policy.commands import check_files
+from gateway.commands.policy import check_files
 from policies.keys import hash_key
 from policies.load import load
 from tests.deploy.manifests import (

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.policy.commands import check_files
+from gateway.commands.policy import check_files
 from policies.keys import hash_key
 from policies.load import loads
 from tests.deploy.manifests import (

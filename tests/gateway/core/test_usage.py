@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.usage import reported_tokens
@@ -37,6 +37,7 @@ def test_what_is_not_a_count_is_not_reported(bad: Any) -> None:
     assert reported_tokens({"prompt_tokens": bad, "completion_tokens": bad}) == (None, None)
 
 
+@settings(deadline=None)
 @given(st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens", "input_tokens",
                                         "output_tokens", "cache_read_input_tokens", "other"]),
                        st.one_of(st.integers(-5, 10**9), st.none(), st.text(max_size=3),

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from gateway.app import PLUGINS, create_app
 from gateway.core.context import Attempt, RequestContext
+from gateway.keys.install import install as install_keys
 from gateway.limits.http import install as install_limits
 from gateway.plugin import Plugin, Provides, Wiring
 from gateway.server.runner import GatewayRunner
@@ -129,7 +130,8 @@ def test_a_slow_settlement_does_not_delay_the_answer() -> None:
     def slow_ledger(wiring: Wiring) -> Provides:
         return Provides(admission=admission)
 
-    plugins = tuple(plugin for plugin in PLUGINS if plugin is not install_limits)
+    # the limits' admission (and the managed keys' around it) replaced by a slow one
+    plugins = tuple(plugin for plugin in PLUGINS if plugin not in (install_limits, install_keys))
     with _gateway((slow_ledger, *plugins)) as (runner, port):
         took = _timed_request(runner, port)
     assert admission.settled == [200]

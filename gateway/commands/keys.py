@@ -1,4 +1,5 @@
-"""`routegate keys new|hash`: make API keys and the hashes the policy file stores."""
+"""`routegate keys new|hash`: make API keys and the hashes the policy file stores
+(`create|list|rotate|revoke`, for managed keys, are in `gateway/keys/cli.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import sys
 from typing import TextIO
 
+from gateway.keys.cli import add_commands as add_service_commands
 from policies.keys import hash_key, new_key
 
 
@@ -25,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "of the shell history.")
     hashed.add_argument("key", nargs="?", help="the API key (default: read standard input)")
     hashed.set_defaults(func=lambda args: keys_hash(args.key))
+    add_service_commands(commands)  # create|list|rotate|revoke: managed keys, over HTTP
 
 
 def keys_new(*, count: int = 1, as_json: bool = False, out: TextIO | None = None) -> int:

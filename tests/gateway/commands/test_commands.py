@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import commands as policy_commands
-from gateway.policy import key_commands
+from gateway.commands import keys as key_commands
+from gateway.commands import policy as policy_commands
 from policies import hash_key, loads
 from policies.json_schema import policy_json_schema
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from gateway.keys.clash import store_clashes
 from gateway.policy.explain import add_explain_parser, env_assignment
 from policies.errors import PolicyError, PolicyIssue
 from policies.json_schema import render as render_schema
@@ -60,7 +61,8 @@ def check_files(paths: Sequence[str], *, as_json: bool = False, strict: bool = F
         policy: Policy | None = None
         try:
             policy = load(path, environ=environ)
-            warnings = policy.warnings
+            warnings = policy.warnings + tuple(store_clashes(
+                policy, os.environ if environ is None else environ))
         except PolicyError as exc:
             errors = exc.issues
         valid = not errors and not (strict and warnings)
