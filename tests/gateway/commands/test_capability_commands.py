@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.policy.explain import explain_file
-from tests.gateway.policy.test_commands import run
+from tests.gateway.commands.test_commands import run
 
 POLICY = """\
 version: 1
