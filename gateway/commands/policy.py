@@ -29,8 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                        type=env_assignment,
                        help="set a variable for ${NAME} references (repeatable)")
+    check.add_argument("--keys", action="store_true",
+                       help="also compare with the managed keys in the store the policy "
+                            "names (connects to it): a hash listed in both is a warning")
     check.set_defaults(func=lambda args: check_files(
-        args.files, as_json=args.json, strict=args.strict, environ=environ_with(args.env)))
+        args.files, as_json=args.json, strict=args.strict, environ=environ_with(args.env),
+        keys=args.keys))
 
     schema = commands.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(func=lambda args: print_schema())
@@ -51,7 +55,9 @@ def environ_with(assignments: Sequence[str]) -> dict[str, str]:
 
 
 def check_files(paths: Sequence[str], *, as_json: bool = False, strict: bool = False,
-                environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+                environ: Mapping[str, str] | None = None, out: TextIO | None = None,
+                keys: bool = False) -> int:
+    """`keys`: compare with the managed keys' store too (the check is offline without)."""
     out = out or sys.stdout
     results: list[dict[str, Any]] = []
     failed = False
@@ -61,8 +67,10 @@ def check_files(paths: Sequence[str], *, as_json: bool = False, strict: bool = F
         policy: Policy | None = None
         try:
             policy = load(path, environ=environ)
-            warnings = policy.warnings + tuple(store_clashes(
-                policy, os.environ if environ is None else environ))
+            warnings = policy.warnings
+            if keys:
+                warnings += tuple(store_clashes(policy, os.environ if environ is None
+                                                else environ))
         except PolicyError as exc:
             errors = exc.issues
         valid = not errors and not (strict and warnings)

@@ -151,26 +151,29 @@ class KeyAdmitted:
         try:
             await self.tenant.settle(ctx)  # charges record.cost_micros before it waits
         finally:  # a client gone after its last byte cancels the request: charge it still
-            await self._charge_key(ctx)
+            owner = self.admission
+            input_tokens, output_tokens = actual_tokens(ctx)
+            cost = ctx.record.cost_micros or 0
+            target = ctx.target
+            owner.ledger.add(ctx.caller.tenant, spend_key(ctx, owner.view), ctx.model,
+                             ctx.record.route or "",
+                             target.backend_name if target is not None else "",
+                             input_tokens=input_tokens, output_tokens=output_tokens,
+                             cost_micros=cost)
+            if self.reservation is not None:  # the key's own windows and budgets
+                await self._settle_key(ctx, input_tokens, output_tokens, cost)
 
-    async def _charge_key(self, ctx: RequestContext) -> None:
+    async def _settle_key(self, ctx: RequestContext, input_tokens: int, output_tokens: int,
+                          cost: int) -> None:
         owner = self.admission
-        input_tokens, output_tokens = actual_tokens(ctx)
-        cost = ctx.record.cost_micros or 0
-        if self.reservation is not None:
-            try:
-                await owner.limiter.store.settle(
-                    self.reservation, input_tokens + output_tokens,
-                    Charge(input_tokens, output_tokens, cost, refund_request=unanswered(ctx)),
-                    owner._clock())
-            except StoreUnavailable as exc:
-                log.warning("a key's usage could not be settled: %s", exc)
-        target = ctx.target
-        owner.ledger.add(ctx.caller.tenant, spend_key(ctx, owner.view), ctx.model,
-                         ctx.record.route or "",
-                         target.backend_name if target is not None else "",
-                         input_tokens=input_tokens, output_tokens=output_tokens,
-                         cost_micros=cost)
+        assert self.reservation is not None
+        try:
+            await owner.limiter.store.settle(
+                self.reservation, input_tokens + output_tokens,
+                Charge(input_tokens, output_tokens, cost, refund_request=unanswered(ctx)),
+                owner._clock())
+        except StoreUnavailable as exc:
+            log.warning("a key's usage could not be settled: %s", exc)
 
 
 def _refusal(rejection: Rejection, record: KeyRecord, now: float) -> GatewayError:
