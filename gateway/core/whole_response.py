@@ -48,6 +48,8 @@ class WholeResponse(web.StreamResponse):
         return self._whole_body
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self._sent_whole:  # sent by the pipeline; aiohttp asks again as the handler ends
+            return None
         if self.prepared:  # aiohttp's answer: the writer, or None once finished
             return await super().prepare(request)
         start = one_write_start(request, self)

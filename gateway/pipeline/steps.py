@@ -217,7 +217,8 @@ class Pipeline:
         ctx.body = body
         ctx.model = model_name(body)
         ctx.endpoint.check(body)
-        tenant, key_hash = ctx.caller.tenant, ctx.caller.key_hash
+        caller = ctx.caller
+        tenant, key_hash = caller.tenant, caller.key_hash
         served = ctx.policy.usable(ctx.model, tenant, key_hash)
         if served is None:
             unserved = unserved_model(ctx.policy, ctx.model, ctx.policy.access_of(tenant, key_hash))
