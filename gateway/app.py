@@ -17,6 +17,7 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
+from gateway.batches import install as install_batches
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
 from gateway.compat import check_aiohttp
@@ -102,6 +103,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)
+    # /v1/files, /v1/batches: lines through the pipeline on spare dedicated capacity
+    install_batches(app, live, pool, hooks, routing.stats)
     install_policy_admin(app, live, hooks, settings)
     install_backends_admin(app, live, pool)  # GET /admin/backends: state, ejections
     app.cleanup_ctx.append(_upstreams)

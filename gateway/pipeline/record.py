@@ -107,6 +107,7 @@ class RequestRecord:
     tenant: str | None = None
     auth: str | None = None  # key | anonymous | unknown_key
     priority: str = "normal"  # the tenant's queue band
+    batch_id: str | None = None  # a Batch API line: the batch it belongs to
     # the request ---------------------------------------------------------------
     requested_model: str | None = None
     stream: bool = False

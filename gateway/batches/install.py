@@ -1,0 +1,61 @@
+"""The Batch API in the app: its routes, its own pipeline (the same steps, told about
+batch lines), the spare-capacity gate over the app's queues and backend load, and the
+task that runs this replica's batches, owned by `app.cleanup_ctx`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.api.openai import CHAT, EMBEDDINGS
+from gateway.api.responses import RESPONSES_STATE, ResponsesCall
+from gateway.api.validate import check_chat
+from gateway.batches.gate import SpareCapacity
+from gateway.batches.http import BATCHES, add_routes
+from gateway.batches.line_pipeline import BatchPipeline
+from gateway.batches.service import BatchService
+from gateway.hooks import Hooks
+from gateway.pipeline.context import Endpoint
+from gateway.policy.live import LivePolicy
+from gateway.queueing.http import QUEUES
+from gateway.upstream.pool import UpstreamPool
+from routing.stats import LiveStats
+
+DATA_DIR_ENV = "ROUTEGATE_DATA_DIR"  # overrides `batches.data_dir`
+
+
+def install(app: web.Application, live: LivePolicy, pool: UpstreamPool, hooks: Hooks,
+            stats: LiveStats) -> BatchService:
+    """After the queues (`install_queues`) and routing (its `stats`)."""
+    settings = live.current.file.batches
+    data_dir = Path(os.environ.get(DATA_DIR_ENV) or settings.data_dir)
+
+    def responses() -> Endpoint:
+        return Endpoint("responses", "/chat/completions", check_chat,
+                        dialect=ResponsesCall(app[RESPONSES_STATE]))
+
+    service = BatchService(
+        data_dir=data_dir, store=settings.store, pipeline=BatchPipeline(live, pool, hooks),
+        gate=SpareCapacity(app[QUEUES], stats),
+        endpoints={"/v1/chat/completions": lambda: CHAT, "/v1/embeddings": lambda: EMBEDDINGS,
+                   "/v1/responses": responses})
+    live.pin("batches.store", lambda policy: policy.file.batches.store)
+    app[BATCHES] = service
+    add_routes(app)
+    app.cleanup_ctx.append(_running)
+    return service
+
+
+async def _running(app: web.Application) -> AsyncIterator[None]:
+    service = app[BATCHES]
+    task = asyncio.create_task(service.run(), name="routegate.batches")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await service.aclose()

@@ -1,0 +1,104 @@
+"""The batches of this replica: looks for batches no one runs, takes their lease and
+runs them (each in its own task, owned by one TaskGroup), and releases what it holds
+when the gateway stops, so another replica takes over at once rather than after the
+lease lapses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.batches.files import FileStore
+from gateway.batches.gate import SpareCapacity
+from gateway.batches.line_pipeline import BatchPipeline
+from gateway.batches.redis_state import RedisState
+from gateway.batches.runner import BatchRun, LeaseLost
+from gateway.batches.state import BatchState, SqliteState
+from gateway.pipeline.context import Endpoint
+
+log = logging.getLogger("routegate.batches")
+
+
+class BatchService:
+    def __init__(self, *, data_dir: Path, store: str, pipeline: BatchPipeline,
+                 gate: SpareCapacity, endpoints: dict[str, Callable[[], Endpoint]]) -> None:
+        self.data_dir, self.store = data_dir, store
+        self.pipeline, self.gate = pipeline, gate
+        self._state: BatchState | None = None
+        self._files: FileStore | None = None
+        self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.running: set[str] = set()
+        self.wake = asyncio.Event()  # a batch was created here: look now
+
+    @property
+    def state(self) -> BatchState:
+        """Opened on first use: a gateway no one sends batches to makes no files."""
+        if self._state is None:
+            self._state = (SqliteState(self.data_dir / "batches.sqlite3")
+                           if self.store == "sqlite" else RedisState(self.store))
+        return self._state
+
+    @property
+    def files(self) -> FileStore:
+        if self._files is None:
+            self._files = FileStore(self.data_dir, self.state)
+        return self._files
+
+    def has_state(self) -> bool:
+        """Whether there can be batches to run (an embedded store not yet made has none)."""
+        return self._state is not None or self.store != "sqlite" or \
+            (self.data_dir / "batches.sqlite3").exists()
+
+    async def aclose(self) -> None:
+        if self._state is not None:
+            await self._state.aclose()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            while True:
+                try:
+                    await self._claim(group)
+                except Exception:  # a task supervisor: the store may be away for a while
+                    log.exception("looking for batches to run failed; trying again")
+                settings = self.pipeline.live.current.file.batches
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), settings.poll_interval_s)
+                self.wake.clear()
+
+    async def _claim(self, group: asyncio.TaskGroup) -> None:
+        if not self.has_state():
+            return
+        lease_s = self.pipeline.live.current.file.batches.lease_s
+        for batch_id in await self.state.unfinished():
+            if batch_id in self.running:
+                continue
+            if await self.state.acquire(batch_id, self.holder, lease_s):
+                self.running.add(batch_id)
+                group.create_task(self._run_one(batch_id))
+
+    async def _run_one(self, batch_id: str) -> None:
+        lost = False
+        try:
+            batch = await self.state.get(batch_id)
+            if batch is None or batch.final:
+                return
+            log.info("batch %s: running here (%s)", batch_id, self.holder)
+            await BatchRun(batch, state=self.state, files=self.files, pipeline=self.pipeline,
+                           gate=self.gate, endpoint=self.endpoints[batch.endpoint],
+                           holder=self.holder).run()
+        except* LeaseLost:
+            lost = True
+            log.warning("batch %s: lease lost to another replica; stopped here", batch_id)
+        except* Exception:  # a task supervisor: the batch is taken up again
+            log.exception("batch %s: its run failed; it will be taken up again", batch_id)
+        finally:
+            self.running.discard(batch_id)
+            if not lost:
+                await asyncio.shield(self.state.release(batch_id, self.holder))
