@@ -56,8 +56,10 @@ def result_of(data: bytes | str) -> LineResult:
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, data BLOB NOT NULL);
+-- created_at: seconds with their fraction, for the listing's order (the batch's own
+-- `created_at` is whole seconds, as OpenAI's)
 CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
-    created_at INTEGER NOT NULL, data BLOB NOT NULL, final INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL, data BLOB NOT NULL, final INTEGER NOT NULL DEFAULT 0,
     cancel_at INTEGER, holder TEXT, lease_until REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_at);
 CREATE TABLE IF NOT EXISTS results (batch_id TEXT NOT NULL, line INTEGER NOT NULL,
@@ -101,7 +103,7 @@ class SqliteState:
     async def create(self, batch: Batch) -> None:
         await self._run(lambda db: db.execute(
             "INSERT INTO batches (id, tenant, created_at, data) VALUES (?, ?, ?, ?)",
-            (batch.id, batch.tenant, batch.created_at, orjson.dumps(batch.stored()))))
+            (batch.id, batch.tenant, time.time(), orjson.dumps(batch.stored()))))
 
     async def get(self, batch_id: str) -> Batch | None:
         row = await self._run(lambda db: db.execute(
