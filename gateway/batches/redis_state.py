@@ -120,6 +120,11 @@ class RedisState:
         return bool(await self._acquire(keys=[f"{_batch(batch_id)}:lease"],
                                         args=[holder, int(lease_s * 1000)]))
 
+    async def holder(self, batch_id: str) -> str | None:
+        """Who holds the batch's lease now (None: no one)."""
+        value = await self._redis.get(f"{_batch(batch_id)}:lease")
+        return None if value is None else value.decode()
+
     async def release(self, batch_id: str, holder: str) -> None:
         await self._release(keys=[f"{_batch(batch_id)}:lease"], args=[holder])
 
