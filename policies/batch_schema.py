@@ -14,8 +14,11 @@ class BatchRoute(FileModel):
     """How batch lines asking for one route spill."""
 
     spill_to: list[Target] = []
-    """Targets a spilled line is sent to, first first (a batch-priced model, e.g. a backend
-    whose prices are the provider's batch prices). Empty: the route's own shared targets."""
+    """Targets a spilled line tries first, in order (a batch-priced model: a backend model
+    whose prices are the provider's batch prices). Each must also be a target of the route,
+    so routing's compliance and capability filters apply to it; list it after the
+    interactive targets with `objective: ordered` so interactive traffic does not pick it.
+    Empty: the route's shared targets in routing's order."""
 
 
 class Batches(FileModel):
@@ -43,7 +46,8 @@ class Batches(FileModel):
     """A dedicated backend takes a batch line only while its gateway queue holds no
     waiter and its slots in use are below this share of `max_concurrency`."""
     spare_kv_use: float = Field(0.8, ge=0, le=1)
-    """... and while its reported KV-cache use (its /metrics) is below this share."""
+    """A dedicated backend takes a batch line only while the KV-cache use it reports (its
+    /metrics) is below this share, and it reports no request waiting."""
     spill_margin_s: PositiveFloat = 600.0
     """Lines spill to shared targets while the forecast finish at the local rate is later
     than the window's end minus this margin."""
