@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 # The rate is measured over a window this share of the completion window, within
 # these bounds: long enough to smooth single lines, short enough to see a burst of
 # interactive traffic take the dedicated capacity away.
-RATE_WINDOW_SHARE = 0.02
+RATE_WINDOW_SHARE = 0.05
 RATE_WINDOW_MIN_S = 1.0
-RATE_WINDOW_MAX_S = 60.0
+RATE_WINDOW_MAX_S = 300.0
 
 
 def rate_window_s(completion_window_s: float) -> float:

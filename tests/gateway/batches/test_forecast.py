@@ -39,5 +39,6 @@ def test_past_the_window_end_less_the_margin_every_line_spills_even_unmeasured()
 
 
 def test_the_rate_window_follows_the_completion_window_within_bounds() -> None:
-    assert rate_window_s(24 * 3600) == 60.0
+    assert rate_window_s(24 * 3600) == 300.0
+    assert rate_window_s(600.0) == 30.0
     assert rate_window_s(10.0) == 1.0
