@@ -101,4 +101,7 @@ class BatchService:
         finally:
             self.running.discard(batch_id)
             if not lost:
-                await asyncio.shield(self.state.release(batch_id, self.holder))
+                try:
+                    await asyncio.shield(self.state.release(batch_id, self.holder))
+                except Exception:  # the store is away: the lease lapses by itself
+                    log.warning("batch %s: could not release its lease", batch_id)
