@@ -36,17 +36,19 @@ class FileObject:
 
 @dataclass(slots=True)
 class Split:
-    """Lines and tokens of a batch on one kind of capacity."""
+    """Lines, tokens and the ledger's cost of a batch on one kind of capacity."""
 
     lines: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micros: int = 0
 
 
 @dataclass(slots=True)
 class Report:
-    """Where a batch ran and what it cost, in micro-dollars (the ledger's figures), and
-    what every line would have cost on the route's cheapest shared target."""
+    """Where a batch ran and what it cost, in micro-dollars (the ledger's figures: a
+    dedicated line at its amortised GPU-hour price), and what every line would have cost
+    on the route's cheapest shared target."""
 
     dedicated: Split = field(default_factory=Split)
     shared: Split = field(default_factory=Split)
@@ -57,7 +59,10 @@ class Report:
         return {"dedicated": asdict(self.dedicated), "shared": asdict(self.shared),
                 "cost_micros": self.cost_micros,
                 "all_shared_cost_micros": self.all_shared_cost_micros,
-                "saving_micros": self.all_shared_cost_micros - self.cost_micros}
+                "saving_micros": self.all_shared_cost_micros - self.cost_micros,
+                # dedicated hours are paid whether used or not: what the batch saved in
+                # per-token spend, against sending every line to the cheapest shared target
+                "spend_saving_micros": self.all_shared_cost_micros - self.shared.cost_micros}
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> Report:

@@ -122,7 +122,7 @@ class RedisState:
 
     async def holder(self, batch_id: str) -> str | None:
         """Who holds the batch's lease now (None: no one)."""
-        value = await self._redis.get(f"{_batch(batch_id)}:lease")
+        value: Any = await self._redis.get(f"{_batch(batch_id)}:lease")
         return None if value is None else value.decode()
 
     async def release(self, batch_id: str, holder: str) -> None:

@@ -241,6 +241,7 @@ class BatchRun:
                 split.lines += 1
                 split.input_tokens += result.input_tokens
                 split.output_tokens += result.output_tokens
+                split.cost_micros += result.cost_micros
             report.cost_micros += result.cost_micros
             report.all_shared_cost_micros += result.all_shared_cost_micros
         batch.report = report
