@@ -18,6 +18,7 @@ from gateway.api.validate import check_chat
 from gateway.batches.gate import SpareCapacity
 from gateway.batches.http import BATCHES, add_routes
 from gateway.batches.line_pipeline import BatchPipeline
+from gateway.batches.metrics import BatchMetrics
 from gateway.batches.service import BatchService
 from gateway.hooks import Hooks
 from gateway.pipeline.context import Endpoint
@@ -43,7 +44,8 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool, hooks: H
         data_dir=data_dir, store=settings.store, pipeline=BatchPipeline(live, pool, hooks),
         gate=SpareCapacity(app[QUEUES], stats),
         endpoints={"/v1/chat/completions": lambda: CHAT, "/v1/embeddings": lambda: EMBEDDINGS,
-                   "/v1/responses": responses})
+                   "/v1/responses": responses},
+        metrics=BatchMetrics(hooks.telemetry.metrics.registry))
     live.pin("batches.store", lambda policy: policy.file.batches.store)
     app[BATCHES] = service
     add_routes(app)

@@ -26,6 +26,7 @@ from gateway.batches.forecast import LocalRate, rate_window_s, should_spill
 from gateway.batches.gate import SpareCapacity
 from gateway.batches.line_pipeline import BatchPipeline, LineAnswer, LineCall
 from gateway.batches.lines import InputLine, input_lines
+from gateway.batches.metrics import BatchMetrics
 from gateway.batches.model import Batch, LineResult, Placement, Report
 from gateway.batches.state import BatchState
 from gateway.pipeline.context import Endpoint
@@ -54,10 +55,10 @@ class Lane:
 class BatchRun:
     def __init__(self, batch: Batch, *, state: BatchState, files: FileStore,
                  pipeline: BatchPipeline, gate: SpareCapacity, endpoint: Callable[[], Endpoint],
-                 holder: str) -> None:
+                 holder: str, metrics: BatchMetrics) -> None:
         self.batch, self.state, self.files = batch, state, files
         self.pipeline, self.gate, self.endpoint = pipeline, gate, endpoint
-        self.holder = holder
+        self.holder, self.metrics = holder, metrics
         self.results: dict[int, LineResult] = {}
         self._saved_at = 0.0
 
@@ -222,6 +223,7 @@ class BatchRun:
             return
         self.results[result.index] = result
         await self.state.put_result(self.batch.id, result)
+        self.metrics.line(result)
 
     async def _save_progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -266,6 +268,7 @@ class BatchRun:
         batch.status = status  # type: ignore[assignment]
         batch.times[f"{status}_at"] = int(time.time())
         await self._save_progress(force=True)
+        self.metrics.batch_finished(status)
         log.info("batch %s %s: %d completed, %d failed of %d", batch.id, status,
                  batch.completed, batch.failed, batch.total)
 

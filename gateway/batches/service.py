@@ -17,6 +17,7 @@ from pathlib import Path
 from gateway.batches.files import FileStore
 from gateway.batches.gate import SpareCapacity
 from gateway.batches.line_pipeline import BatchPipeline
+from gateway.batches.metrics import BatchMetrics
 from gateway.batches.redis_state import RedisState
 from gateway.batches.runner import BatchRun, LeaseLost
 from gateway.batches.state import BatchState, SqliteState
@@ -27,9 +28,10 @@ log = logging.getLogger("routegate.batches")
 
 class BatchService:
     def __init__(self, *, data_dir: Path, store: str, pipeline: BatchPipeline,
-                 gate: SpareCapacity, endpoints: dict[str, Callable[[], Endpoint]]) -> None:
+                 gate: SpareCapacity, endpoints: dict[str, Callable[[], Endpoint]],
+                 metrics: BatchMetrics) -> None:
         self.data_dir, self.store = data_dir, store
-        self.pipeline, self.gate = pipeline, gate
+        self.pipeline, self.gate, self.metrics = pipeline, gate, metrics
         self._state: BatchState | None = None
         self._files: FileStore | None = None
         self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
@@ -92,7 +94,7 @@ class BatchService:
             log.info("batch %s: running here (%s)", batch_id, self.holder)
             await BatchRun(batch, state=self.state, files=self.files, pipeline=self.pipeline,
                            gate=self.gate, endpoint=self.endpoints[batch.endpoint],
-                           holder=self.holder).run()
+                           holder=self.holder, metrics=self.metrics).run()
         except* LeaseLost:
             lost = True
             log.warning("batch %s: lease lost to another replica; stopped here", batch_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -58,6 +59,10 @@ async def test_batch_lines_run_on_idle_dedicated_capacity_at_the_lowest_band(
     # the saving: what the same tokens would have cost on the cheapest shared target
     assert report["all_shared_cost_micros"] > 0
     assert report["saving_micros"] == report["all_shared_cost_micros"] - report["cost_micros"]
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/metrics") as got:
+        metrics = await got.text()
+    assert 'routegate_batch_lines_total{outcome="ok",placement="dedicated"} 6.0' in metrics
+    assert 'routegate_batches_finished_total{status="completed"} 1.0' in metrics
 
 
 async def test_malformed_lines_become_error_records_and_the_rest_still_run(
