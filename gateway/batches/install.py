@@ -24,6 +24,7 @@ from gateway.hooks import Hooks
 from gateway.pipeline.context import Endpoint
 from gateway.policy.live import LivePolicy
 from gateway.queueing.http import QUEUES
+from gateway.server.drain import DRAIN
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats
 
@@ -45,7 +46,8 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool, hooks: H
         gate=SpareCapacity(app[QUEUES], stats),
         endpoints={"/v1/chat/completions": lambda: CHAT, "/v1/embeddings": lambda: EMBEDDINGS,
                    "/v1/responses": responses},
-        metrics=BatchMetrics(hooks.telemetry.metrics.registry))
+        metrics=BatchMetrics(hooks.telemetry.metrics.registry),
+        draining=lambda: app[DRAIN].draining)
     live.pin("batches.store", lambda policy: policy.file.batches.store)
     app[BATCHES] = service
     add_routes(app)

@@ -55,10 +55,12 @@ class Lane:
 class BatchRun:
     def __init__(self, batch: Batch, *, state: BatchState, files: FileStore,
                  pipeline: BatchPipeline, gate: SpareCapacity, endpoint: Callable[[], Endpoint],
-                 holder: str, metrics: BatchMetrics) -> None:
+                 holder: str, metrics: BatchMetrics,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.batch, self.state, self.files = batch, state, files
         self.pipeline, self.gate, self.endpoint = pipeline, gate, endpoint
         self.holder, self.metrics = holder, metrics
+        self.stopping = stopping  # the process drains: send no more lines, hand it over
         self.results: dict[int, LineResult] = {}
         self._saved_at = 0.0
 
@@ -102,10 +104,16 @@ class BatchRun:
         todo = deque(line for line in lines
                      if line.body is not None and line.index not in self.results)
         outcome = await self._send(todo)
-        await self._finish(lines, outcome)
+        if outcome == "stopped":  # another replica (or this one, restarted) goes on
+            await self._save_progress(force=True)
+        else:
+            await self._finish(lines, outcome)
 
     async def _send(self, todo: deque[InputLine]) -> str:
-        """Lines out until none is left: 'done', 'cancelled' or 'expired'."""
+        """Lines out until none is left: 'done', 'cancelled', 'expired', or 'stopped'
+        (the process drains). Lines in flight finish first, except when this task is
+        cancelled (shutdown, lease lost): then they are cancelled too, their results
+        never stored, and whoever takes the batch over runs them."""
         batch = self.batch
         started = time.monotonic()
         rate = LocalRate(rate_window_s(batch.window_s), started)
@@ -123,6 +131,9 @@ class BatchRun:
                         break
                 if time.time() >= batch.expires_at:
                     outcome = "expired"
+                    break
+                if self.stopping():
+                    outcome = "stopped"
                     break
                 for not_before, line in list(deferred):
                     if not_before <= now:
@@ -145,12 +156,16 @@ class BatchRun:
                         rate.line_finished(time.monotonic())
                     await self._keep(result)
                 await self._save_progress()
-        finally:
-            if running:  # cancelled or expired: what is in flight still finishes
-                finished = await asyncio.gather(*running, return_exceptions=True)
-                for (line, _), outcome_of in zip(running.values(), finished, strict=True):
-                    if isinstance(outcome_of, LineAnswer) and outcome_of.retry_after_s is None:
-                        await self._keep(self._result(line, outcome_of))
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+        if running:  # cancelled, expired or stopping: what is in flight still finishes
+            finished = await asyncio.gather(*running, return_exceptions=True)
+            for (line, _), outcome_of in zip(running.values(), finished, strict=True):
+                if isinstance(outcome_of, LineAnswer) and outcome_of.retry_after_s is None:
+                    await self._keep(self._result(line, outcome_of))
         if outcome == "expired":
             for line in [*todo, *(line for _, line in deferred)]:
                 if line.index not in self.results:

@@ -29,9 +29,10 @@ log = logging.getLogger("routegate.batches")
 class BatchService:
     def __init__(self, *, data_dir: Path, store: str, pipeline: BatchPipeline,
                  gate: SpareCapacity, endpoints: dict[str, Callable[[], Endpoint]],
-                 metrics: BatchMetrics) -> None:
+                 metrics: BatchMetrics, draining: Callable[[], bool]) -> None:
         self.data_dir, self.store = data_dir, store
         self.pipeline, self.gate, self.metrics = pipeline, gate, metrics
+        self.draining = draining  # stop taking batches and sending lines; hand them over
         self._state: BatchState | None = None
         self._files: FileStore | None = None
         self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
@@ -75,7 +76,7 @@ class BatchService:
                 self.wake.clear()
 
     async def _claim(self, group: asyncio.TaskGroup) -> None:
-        if not self.has_state():
+        if not self.has_state() or self.draining():
             return
         lease_s = self.pipeline.live.current.file.batches.lease_s
         for batch_id in await self.state.unfinished():
@@ -94,7 +95,8 @@ class BatchService:
             log.info("batch %s: running here (%s)", batch_id, self.holder)
             await BatchRun(batch, state=self.state, files=self.files, pipeline=self.pipeline,
                            gate=self.gate, endpoint=self.endpoints[batch.endpoint],
-                           holder=self.holder, metrics=self.metrics).run()
+                           holder=self.holder, metrics=self.metrics,
+                           stopping=self.draining).run()
         except* LeaseLost:
             lost = True
             log.warning("batch %s: lease lost to another replica; stopped here", batch_id)
