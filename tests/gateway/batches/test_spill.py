@@ -33,7 +33,7 @@ async def test_a_batch_too_big_for_the_local_backend_spills_and_still_completes_
                                                     window="6s")).id, within_s=9.0)
 
     assert batch.status == "completed" and batch.completed_at is not None
-    assert batch.completed_at <= batch.expires_at
+    assert batch.expires_at is not None and batch.completed_at <= batch.expires_at
     assert batch.request_counts is not None and batch.request_counts.completed == 80
     report = batch.model_extra["routegate"] if batch.model_extra else {}
     assert report["dedicated"]["lines"] == len(local.received) > 0
