@@ -251,6 +251,12 @@ async def interactive(base_url: str, seconds: float, seed: int) -> list[float]:
     return ttfts
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], share: float) -> float:
     return statistics.quantiles(values, n=100)[int(share * 100) - 1] if len(values) > 1 \
         else values[0]
@@ -282,8 +288,10 @@ async def run(seconds: float, lines: int, window: str, local_url: str | None,
                 batch_id = (await client.batches.create(
                     input_file_id=file.id, endpoint="/v1/chat/completions",
                     completion_window=window)).id  # type: ignore[arg-type]
+            cpu_before = cpu_s(gateway.pid)
             ttfts = await interactive(base_url, seconds, seed=11)
             result: dict[str, Any] = {
+                "gateway_cpu": (cpu_s(gateway.pid) - cpu_before) / (time.perf_counter() - started),
                 "ttft_p50_ms": percentile(ttfts, 0.50) * 1000,
                 "ttft_p95_ms": percentile(ttfts, 0.95) * 1000, "requests": len(ttfts),
                 "busy_share": engine.busy_share(busy_at, started),
@@ -319,7 +327,8 @@ async def main(seconds: float, lines: int, window: str, local_url: str | None,
         for name, figures in (("trace alone", alone), ("trace + batch", both)):
             print(f"{name:14s} interactive TTFT p50 {figures['ttft_p50_ms']:.1f} ms, "
                   f"p95 {figures['ttft_p95_ms']:.1f} ms ({figures['requests']} requests); "
-                  f"dedicated busy {figures['busy_share']:.0%}, "
+                  f"dedicated busy {figures['busy_share']:.0%}, gateway CPU "
+                  f"{figures['gateway_cpu']:.0%} of a core, "
                   f"{figures['preempted']} preemptions; interactive requests that waited "
                   f"for a slot: {len(figures['interactive_waits'])}")
         ratios.append(both["ttft_p95_ms"] / alone["ttft_p95_ms"])

@@ -76,6 +76,9 @@ class SqliteState:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                    timeout=10.0)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a commit survives the process dying (what takeover relies on); only
+        # an OS crash may lose the last commits, whose lines then simply run again
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
 
