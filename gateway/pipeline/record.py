@@ -229,7 +229,7 @@ _EXPORTED = (
     "candidates", "excluded", "response_model", "response_id", "input_tokens",
     "output_tokens", "finish_reasons", "cost_micros", "cache", "status", "error_code",
     "prompt", "completion", "gw_ms", "queue_ms", "upstream_ms", "total_ms", "ttft_ms",
-    "inference_ms",
+    "inference_ms", "batch_id",
 )
 _exported = attrgetter(*_EXPORTED)
 _ids = attrgetter(*_IDS_FIELDS)
