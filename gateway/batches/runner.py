@@ -90,6 +90,7 @@ class BatchRun:
             return
         lines = input_lines(await self.files.content(file), batch.endpoint)
         self.results = await self.state.results(batch.id)
+        self._recount()
         batch.total = len(lines)
         if batch.status == "validating":
             batch.status = "in_progress"
@@ -199,8 +200,9 @@ class BatchRun:
                     return  # no spare capacity now, and time enough: wait for it
             todo.popleft()
             assert line.body is not None
-            spill_to = tuple(settings.routes[line.body["model"]].spill_to) \
-                if line.body.get("model") in settings.routes else ()
+            model = line.body.get("model")
+            spill_to = tuple(settings.routes[model].spill_to) \
+                if isinstance(model, str) and model in settings.routes else ()
             call = LineCall(self.batch.id, self.batch.key_hash, orjson.dumps(line.body),
                             placement, spill_to)
             task = asyncio.create_task(self.pipeline.run(self.endpoint(), self.batch.endpoint,
@@ -239,29 +241,36 @@ class BatchRun:
         self.results[result.index] = result
         await self.state.put_result(self.batch.id, result)
         self.metrics.line(result)
+        self._count(result)
 
     async def _save_progress(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._saved_at < SAVE_EVERY_S:
             return
         self._saved_at = now
-        self._count()
         await self.state.save(self.batch)
 
-    def _count(self) -> None:
-        batch, report = self.batch, Report()
-        batch.completed = sum(1 for result in self.results.values() if result.ok)
-        batch.failed = len(self.results) - batch.completed
+    def _recount(self) -> None:
+        """From every stored result (a batch taken over: its earlier holder's lines)."""
+        self.batch.completed = self.batch.failed = 0
+        self.batch.report = Report()
         for result in self.results.values():
-            if result.placement is not None:
-                split = report.dedicated if result.placement == "dedicated" else report.shared
-                split.lines += 1
-                split.input_tokens += result.input_tokens
-                split.output_tokens += result.output_tokens
-                split.cost_micros += result.cost_micros
-            report.cost_micros += result.cost_micros
-            report.all_shared_cost_micros += result.all_shared_cost_micros
-        batch.report = report
+            self._count(result)
+
+    def _count(self, result: LineResult) -> None:
+        batch, report = self.batch, self.batch.report
+        if result.ok:
+            batch.completed += 1
+        else:
+            batch.failed += 1
+        if result.placement is not None:
+            split = report.dedicated if result.placement == "dedicated" else report.shared
+            split.lines += 1
+            split.input_tokens += result.input_tokens
+            split.output_tokens += result.output_tokens
+            split.cost_micros += result.cost_micros
+        report.cost_micros += result.cost_micros
+        report.all_shared_cost_micros += result.all_shared_cost_micros
 
     async def _finish(self, lines: list[InputLine], outcome: str) -> None:
         batch = self.batch

@@ -77,20 +77,23 @@ async def test_malformed_lines_become_error_records_and_the_rest_still_run(
              {"custom_id": "wrong-url", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": "chat", "input": "x"}},
              {"custom_id": "no-model", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [{"role": "user", "content": "hi"}]}}]
+              "body": {"messages": [{"role": "user", "content": "hi"}]}},
+             {"custom_id": "odd-model", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": ["chat"], "messages": [{"role": "user", "content": "hi"}]}}]
 
     batch = await until_final(client, (await submit(client, jsonl(lines))).id)
 
     assert batch.status == "completed"
     assert batch.request_counts is not None
     assert (batch.request_counts.total, batch.request_counts.completed,
-            batch.request_counts.failed) == (7, 2, 5)
+            batch.request_counts.failed) == (8, 2, 6)
     errors = await file_lines(client, batch.error_file_id)
     codes = [line["error"]["code"] for line in errors]
     assert codes[:4] == ["invalid_json", "missing_custom_id", "duplicate_custom_id",
                          "invalid_url"]
-    assert errors[4]["custom_id"] == "no-model"
-    assert errors[4]["response"]["status_code"] == 400  # refused by the pipeline itself
+    assert [line["custom_id"] for line in errors[4:]] == ["no-model", "odd-model"]
+    # refused by the pipeline itself, as the same request sent interactively would be
+    assert {line["response"]["status_code"] for line in errors[4:]} == {400}
     assert [line["custom_id"] for line in await file_lines(client, batch.output_file_id)] \
         == ["line-0", "line-1"]
 
