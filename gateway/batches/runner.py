@@ -88,7 +88,14 @@ class BatchRun:
         if file is None:
             await self._fail("input_file_missing", "The input file was deleted.")
             return
-        lines = input_lines(await self.files.content(file), batch.endpoint)
+        try:
+            data = await self.files.content(file)
+        except FileNotFoundError:
+            await self._fail("input_file_missing", f"The bytes of file '{file.id}' are not in "
+                             "the data directory (with several replicas: is the shared "
+                             "volume mounted on each?).")
+            return
+        lines = input_lines(data, batch.endpoint)
         self.results = await self.state.results(batch.id)
         self._recount()
         batch.total = len(lines)

@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from gateway.pipeline.context import Endpoint
 
 log = logging.getLogger("routegate.batches")
 
+MAX_RUN_FAILURES = 3  # runs of one batch that raised, in a row, before it is failed
+
 
 class BatchService:
     def __init__(self, *, data_dir: Path, store: str, pipeline: BatchPipeline,
@@ -38,6 +41,7 @@ class BatchService:
         self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.running: set[str] = set()
+        self.failures: dict[str, int] = {}  # batch id → its runs that failed in a row here
         self.wake = asyncio.Event()  # a batch was created here: look now
 
     @property
@@ -86,6 +90,23 @@ class BatchService:
                 self.running.add(batch_id)
                 group.create_task(self._run_one(batch_id))
 
+    async def _give_up(self, batch_id: str) -> None:
+        """A batch whose runs keep failing (not a line: each line's failure is its own
+        error record) is failed rather than retried forever."""
+        try:
+            batch = await self.state.get(batch_id)
+            if batch is None or batch.final:
+                return
+            batch.status = "failed"
+            batch.errors = [{"code": "internal_error", "param": None, "line": None,
+                             "message": f"The gateway failed to run this batch "
+                                        f"{MAX_RUN_FAILURES} times; its logs say why."}]
+            batch.times["failed_at"] = int(time.time())
+            await self.state.save(batch)
+            self.failures.pop(batch_id, None)
+        except Exception:  # the store is away: tried again on the next failure
+            log.exception("batch %s: could not be marked failed", batch_id)
+
     async def _run_one(self, batch_id: str) -> None:
         lost = False
         try:
@@ -100,8 +121,13 @@ class BatchService:
         except* LeaseLost:
             lost = True
             log.warning("batch %s: lease lost to another replica; stopped here", batch_id)
-        except* Exception:  # a task supervisor: the batch is taken up again
-            log.exception("batch %s: its run failed; it will be taken up again", batch_id)
+        except* Exception:  # a task supervisor: the batch is taken up again, a few times
+            log.exception("batch %s: its run failed", batch_id)
+            self.failures[batch_id] = failures = self.failures.get(batch_id, 0) + 1
+            if failures >= MAX_RUN_FAILURES:
+                await self._give_up(batch_id)
+        else:
+            self.failures.pop(batch_id, None)
         finally:
             self.running.discard(batch_id)
             if not lost:

@@ -151,3 +151,24 @@ async def test_files_and_batches_are_the_tenants_own_and_listed_newest_first(
         await client.batches.create(input_file_id="file_x", endpoint="/v1/completions",
                                     completion_window="24h")
     assert bad.value.param == "endpoint"
+
+
+async def test_a_batch_whose_file_bytes_are_missing_fails_and_says_where_to_look(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path) -> None:
+    local, cloud = await start_upstream(name="local"), await start_upstream(name="cloud")
+    gateway = await start_gateway(batch_policy(local.url, cloud.url, tmp_path))
+    client = gateway.openai()
+    file = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(chat_lines(2)))),
+                                     purpose="batch")
+    (tmp_path / "files" / f"{file.id}.jsonl").unlink()  # a replica without the volume
+
+    created = await client.batches.create(input_file_id=file.id,
+                                          endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+    batch = await until_final(client, created.id)
+
+    assert batch.status == "failed" and batch.failed_at
+    assert batch.errors is not None and batch.errors.data
+    assert batch.errors.data[0].code == "input_file_missing"
+    assert "shared volume" in (batch.errors.data[0].message or "")
+    assert not local.received
