@@ -17,6 +17,7 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
+from gateway.batches import BATCHES
 from gateway.batches import install as install_batches
 from gateway.blob_store import open_blobs
 from gateway.cache import install as install_cache
@@ -94,7 +95,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     gateway_state = StateCollector(live, pool, hooks.telemetry.metrics)
     hooks.telemetry.metrics.registry.register(gateway_state)
     # GET /metrics, GET /dashboard; flush at exit
-    install_telemetry(app, hooks.telemetry, live, state=gateway_state.dashboard)
+    install_telemetry(app, hooks.telemetry, live, state=lambda: {
+        **gateway_state.dashboard(), "batches": app[BATCHES].dashboard()})
     # routing.decide as hooks.router; live stats; x-routegate-* headers; backend /metrics
     routing = install_routing(app, hooks, live=live, pool=pool)
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gateway.batches.files import FileStore
 from gateway.batches.gate import SpareCapacity
@@ -40,7 +41,7 @@ class BatchService:
         self._files: FileStore | None = None
         self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.running: set[str] = set()
+        self.running: dict[str, BatchRun | None] = {}  # None: its run is starting
         self.failures: dict[str, int] = {}  # batch id → its runs that failed in a row here
         self.wake = asyncio.Event()  # a batch was created here: look now
 
@@ -87,8 +88,24 @@ class BatchService:
             if batch_id in self.running:
                 continue
             if await self.state.acquire(batch_id, self.holder, lease_s):
-                self.running.add(batch_id)
+                self.running[batch_id] = None
                 group.create_task(self._run_one(batch_id))
+
+    def dashboard(self) -> dict[str, dict[str, Any]]:
+        """The batches this replica runs now, for the dashboard: progress, and where
+        their lines ran and what they cost (micro-dollars)."""
+        shown = {}
+        for run in self.running.values():
+            if run is None:
+                continue
+            batch, report = run.batch, run.batch.report
+            shown[batch.id] = {
+                "status": batch.status, "total": batch.total,
+                "done": batch.completed + batch.failed,
+                "dedicated_lines": report.dedicated.lines, "shared_lines": report.shared.lines,
+                "cost_micros": report.cost_micros,
+                "all_shared_cost_micros": report.all_shared_cost_micros}
+        return shown
 
     async def _give_up(self, batch_id: str) -> None:
         """A batch whose runs keep failing (not a line: each line's failure is its own
@@ -114,10 +131,11 @@ class BatchService:
             if batch is None or batch.final:
                 return
             log.info("batch %s: running here (%s)", batch_id, self.holder)
-            await BatchRun(batch, state=self.state, files=self.files, pipeline=self.pipeline,
-                           gate=self.gate, endpoint=self.endpoints[batch.endpoint],
-                           holder=self.holder, metrics=self.metrics,
-                           stopping=self.draining).run()
+            run = self.running[batch_id] = BatchRun(
+                batch, state=self.state, files=self.files, pipeline=self.pipeline,
+                gate=self.gate, endpoint=self.endpoints[batch.endpoint], holder=self.holder,
+                metrics=self.metrics, stopping=self.draining)
+            await run.run()
         except* LeaseLost:
             lost = True
             log.warning("batch %s: lease lost to another replica; stopped here", batch_id)
@@ -129,7 +147,7 @@ class BatchService:
         else:
             self.failures.pop(batch_id, None)
         finally:
-            self.running.discard(batch_id)
+            self.running.pop(batch_id, None)
             if not lost:
                 try:
                     await asyncio.shield(self.state.release(batch_id, self.holder))

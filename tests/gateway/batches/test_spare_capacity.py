@@ -39,10 +39,15 @@ async def test_interactive_requests_find_free_slots_while_a_batch_runs(
                 await response.read()
                 return response.status, response.headers["Server-Timing"]
         answers = await asyncio.gather(*(one() for _ in range(LOCAL_SLOTS // 2)))
+        async with session.get(gateway.url + "/dashboard/data") as dashboard:
+            running = (await dashboard.json())["batches"]
 
     assert [status for status, _ in answers] == [200] * (LOCAL_SLOTS // 2)
     assert all(queue_ms(timing) < 50 for _, timing in answers)  # no wait behind the batch
     interactive = [r for r in local.received if r.json["messages"][0]["content"] == "now please"]
     assert len(interactive) == LOCAL_SLOTS // 2 and not cloud.received
     assert {r.headers["x-routegate-priority"] for r in interactive} == {"1"}  # normal band
+    # the dashboard shows the batch running here, its lines so far all on dedicated capacity
+    assert running[created.id]["status"] == "in_progress"
+    assert running[created.id]["shared_lines"] == 0 and running[created.id]["total"] == 40
     await client.batches.cancel(created.id)
