@@ -4,8 +4,6 @@ task that runs this replica's batches, owned by `app.cleanup_ctx`."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,14 +50,16 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool, hooks: H
     app[BATCHES] = service
     add_routes(app)
     app.cleanup_ctx.append(_running)
+    app.on_shutdown.append(_stop)  # before any cleanup: the upstream pool is still open
     return service
 
 
 async def _running(app: web.Application) -> AsyncIterator[None]:
     service = app[BATCHES]
-    task = asyncio.create_task(service.run(), name="routegate.batches")
+    service.start()
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
     await service.aclose()
+
+
+async def _stop(app: web.Application) -> None:
+    await app[BATCHES].stop()

@@ -39,6 +39,7 @@ class BatchService:
         self.draining = draining  # stop taking batches and sending lines; hand them over
         self._state: BatchState | None = None
         self._files: FileStore | None = None
+        self._task: asyncio.Task[None] | None = None
         self.endpoints = endpoints  # "/v1/chat/completions" → a fresh Endpoint per line
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.running: dict[str, BatchRun | None] = {}  # None: its run is starting
@@ -64,7 +65,21 @@ class BatchService:
         return self._state is not None or self.store != "sqlite" or \
             (self.data_dir / "batches.sqlite3").exists()
 
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="routegate.batches")
+
+    async def stop(self) -> None:
+        """Stop running batches (lines in flight are cancelled and run again by whoever
+        takes the batch); before the upstream pool closes, so no line fails for that."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     async def aclose(self) -> None:
+        await self.stop()
         if self._state is not None:
             await self._state.aclose()
 
@@ -76,8 +91,11 @@ class BatchService:
                 except Exception:  # a task supervisor: the store may be away for a while
                     log.exception("looking for batches to run failed; trying again")
                 settings = self.pipeline.live.current.file.batches
+                # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation
+                # that arrives as its timeout fires, and the task would never stop
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), settings.poll_interval_s)
+                    async with asyncio.timeout(settings.poll_interval_s):
+                        await self.wake.wait()
                 self.wake.clear()
 
     async def _claim(self, group: asyncio.TaskGroup) -> None:
