@@ -26,7 +26,7 @@ batches:
 """
 
 
-def issue_of(batches_routes: str) -> tuple[str, str, int | None]:
+def issue_of(batches_routes: str) -> tuple[str | None, str, int | None]:
     with pytest.raises(PolicyError) as caught:
         loads(POLICY + batches_routes, environ={})
     (issue,) = caught.value.issues
