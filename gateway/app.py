@@ -16,6 +16,8 @@ from gateway.api.openai import PIPELINE, add_routes
 from gateway.api.responses import RESPONSES_STATE
 from gateway.api.responses import add_routes as add_responses_routes
 from gateway.api.responses_state import StoredResponses
+from gateway.batches import BATCHES
+from gateway.batches import install as install_batches
 from gateway.cache.http import install as install_cache
 from gateway.compat import check_aiohttp
 from gateway.core.drain import DRAIN, Drain
@@ -106,10 +108,12 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     # backend states and the policy version, read when /metrics or the dashboard is read
     gateway_state = StateCollector(live, pool, telemetry.metrics)
     telemetry.metrics.registry.register(gateway_state)
+    # /v1/files, /v1/batches: lines through the pipeline on spare dedicated capacity
+    install_batches(app, live, pool, hooks, wiring.stats, telemetry, data_dir=settings.data_dir)
     # GET /metrics, flush at exit; GET /dashboard
     install_telemetry(app, telemetry, live)
-    app.router.add_routes(dashboard_routes(telemetry.live, policy=live,
-                                           state=gateway_state.dashboard))
+    app.router.add_routes(dashboard_routes(telemetry.live, policy=live, state=lambda: {
+        **gateway_state.dashboard(), "batches": app[BATCHES].dashboard()}))
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
     if settings.launch_board is not None:  # a worker: the supervisor launched them

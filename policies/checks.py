@@ -55,6 +55,7 @@ def check(policy: PolicyFile, locate: Locate, source: str) -> Findings:
     _check_compliance(policy, found)
     _check_access(policy, found)
     _check_capabilities(policy, found)
+    _check_batches(policy, found)
     return found
 
 
@@ -241,3 +242,25 @@ def _check_capabilities(policy: PolicyFile, found: Findings) -> None:
                        f"no target of route `{name}` supports {capability} (route "
                        f"`{others[0]}` does): such requests to `{name}` get a 400",
                        f"add a target that supports {capability} as a fallback")
+
+
+def _check_batches(policy: PolicyFile, found: Findings) -> None:
+    """A spill target is one of its route's shared targets: routing's compliance filters
+    apply to it as to any candidate, and a spill leaves dedicated capacity."""
+    shared = {f"{name}/{model}" for name, backend in policy.backends.items()
+              if backend.deployment == "shared" for model in backend.models}
+    for route_name, batch_route in policy.batches.routes.items():
+        route = policy.routes.get(route_name)
+        if route is None:
+            found.error(("batches", "routes", route_name), f"`{route_name}` names no route",
+                        did_you_mean(route_name, list(policy.routes)), at_key=True)
+            continue
+        for index, target in enumerate(batch_route.spill_to):
+            path = ("batches", "routes", route_name, "spill_to", index)
+            if target not in route.targets:
+                found.error(path, f"`{target}` is not a target of route `{route_name}`",
+                            "add it to the route's targets (after the interactive ones, "
+                            "with `objective: ordered`)")
+            elif target not in shared:
+                found.error(path, f"`{target}` is not on a shared backend; batch lines "
+                            "spill from dedicated capacity to shared targets")

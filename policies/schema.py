@@ -27,6 +27,7 @@ from policies.backend_schema import LaunchSpec as LaunchSpec
 from policies.backend_schema import ModelSpec as ModelSpec
 from policies.backend_schema import Timeouts as Timeouts
 from policies.bands import Priority as Priority
+from policies.batch_schema import Batches as Batches
 from policies.file_model import KEY_HASH_PATTERN as KEY_HASH_PATTERN
 from policies.file_model import TARGET_PATTERN as TARGET_PATTERN
 from policies.file_model import FileModel as FileModel
@@ -351,3 +352,5 @@ class PolicyFile(FileModel):
     """Outlier ejection of failing targets, and retries of the same target."""
     keys: KeyService = KeyService()
     """Keys issued, limited, rotated and revoked through `/admin/keys` (docs/keys.md)."""
+    batches: Batches = Batches()
+    """The Batch API: its files, state store, and spare-capacity and spill thresholds."""

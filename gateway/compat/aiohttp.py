@@ -32,7 +32,8 @@ from typing import cast
 
 import aiohttp
 from aiohttp import HttpVersion11, hdrs, web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 # The releases this module is tested with: >= MINIMUM, < BELOW (pyproject.toml says the same).
 MINIMUM = (3, 14, 0)
@@ -59,7 +60,7 @@ try:  # a release that lost one of these modules gets the same error as any othe
         rfc822_formatted_time,
         set_exception,
     )
-    from aiohttp.http import SERVER_SOFTWARE, RawResponseMessage
+    from aiohttp.http import SERVER_SOFTWARE, RawRequestMessage, RawResponseMessage
     from aiohttp.http_exceptions import (
         BadHttpMessage,
         BadHttpMethod,
@@ -67,6 +68,7 @@ try:  # a release that lost one of these modules gets the same error as any othe
         LineTooLong,
     )
     from aiohttp.http_writer import StreamWriter, _serialize_headers
+    from aiohttp.streams import EMPTY_PAYLOAD
     from aiohttp.web_urldispatcher import MatchedSubAppResource
 except ImportError as exc:  # pragma: no cover - only with an unsupported aiohttp
     raise IncompatibleAiohttp(_refusal(aiohttp.__version__, str(exc))) from exc
@@ -88,6 +90,7 @@ __all__ = [
     "StreamWriter",
     "check_aiohttp",
     "drained",
+    "internal_request",
     "make_connections_with",
     "must_be_empty_body",
     "one_write_start",
@@ -304,3 +307,30 @@ class PooledResponseHandler(ResponseHandler):
         payload = self._payload
         if payload is not None and not payload.is_eof() and payload.exception() is None:
             set_exception(payload, exc, exc_cause)
+
+
+class _NoConnection:
+    """What `web.Request`'s constructor reads of the connection a request came on, for a
+    request that came on none."""
+
+    ssl_context = None
+    peername = None
+    sockname = None
+    transport = None
+
+
+def internal_request(method: str, path: str, headers: dict[str, str], *,
+                     remote: str) -> web.Request:
+    """A request made inside the gateway (a Batch API line), for the pipeline that takes
+    `web.Request`s: method, path, headers, `remote` and per-request state work; it has no
+    body to read (the caller supplies it) and no connection to answer on, so only whole
+    (unprepared) responses may be made for it."""
+    fields = CIMultiDictProxy(CIMultiDict(headers))
+    raw = tuple((name.encode(), value.encode()) for name, value in headers.items())
+    message = RawRequestMessage(method, path, HttpVersion11, fields, raw, False, None,
+                                False, False, URL(path))
+    task = asyncio.current_task()
+    assert task is not None, "made inside a task"
+    return web.Request(message, EMPTY_PAYLOAD, cast(web.RequestHandler, _NoConnection()),
+                       cast(StreamWriter, None), task, asyncio.get_running_loop(),
+                       remote=remote)

@@ -108,6 +108,7 @@ class RequestRecord:
     tenant: str | None = None
     auth: str | None = None  # key | anonymous | unknown_key
     priority: str = "normal"  # the tenant's queue band
+    batch_id: str | None = None  # a Batch API line: the batch it belongs to
     # the request ---------------------------------------------------------------
     requested_model: str | None = None
     stream: bool = False
@@ -229,7 +230,7 @@ _EXPORTED = (
     "candidates", "excluded", "response_model", "response_id", "input_tokens",
     "output_tokens", "finish_reasons", "cost_micros", "cache", "status", "error_code",
     "prompt", "completion", "gw_ms", "queue_ms", "upstream_ms", "total_ms", "ttft_ms",
-    "inference_ms",
+    "inference_ms", "batch_id",
 )
 _exported = attrgetter(*_EXPORTED)
 _ids = attrgetter(*_IDS_FIELDS)

@@ -213,6 +213,10 @@ function render(data) {
   // failures in a row, and ejections so far
   fillTable("targets", Object.entries(data.targets || {}).map(([key, t]) =>
     [key, t.state.replace("_", " "), t.consecutive_failures, t.ejections_total]));
+  // batch lines on dedicated vs shared capacity, and the cost against all-shared
+  fillTable("batches", Object.entries(data.batches || {}).map(([id, b]) =>
+    [id, b.status, `${b.done}/${b.total}`, b.dedicated_lines, b.shared_lines,
+      "$" + (b.cost_micros / 1e6).toFixed(4), "$" + (b.all_shared_cost_micros / 1e6).toFixed(4)]));
   document.getElementById("spend").textContent = "$" + data.spend_usd.toFixed(4);
   document.getElementById("status").textContent =
     `${data.requests} requests in the last ${data.window_s} s · updated ${new Date().toLocaleTimeString()}`;

@@ -61,6 +61,7 @@ from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.telemetry.service import Telemetry
 from gateway.upstream.openai import PRIORITY_HEADER
 from gateway.upstream.pool import Upstream, UpstreamPool
+from policies.bands import Priority
 from policies.load import ModelTarget
 from policies.model_names import unserved_model
 
@@ -111,7 +112,7 @@ class Pipeline:
             self.authenticate(ctx)
         identity = ctx.caller
         record.tenant, record.auth = identity.tenant, identity.auth
-        record.priority = priority_of(ctx, identity.tenant)
+        record.priority = self.priority(ctx, identity.tenant)
         await self.read_body(ctx)
         await self.parse(ctx)
         note_request(record, ctx.endpoint.name, ctx.model, ctx.stream, ctx.body)
@@ -198,6 +199,10 @@ class Pipeline:
             record_content=policy.file.compliance.record_content)
         return RequestContext(request=request, endpoint=endpoint, policy=policy, timing=timing,
                               request_id=request_id, record=record)
+
+    def priority(self, ctx: RequestContext, tenant: str) -> Priority:
+        """The band the request queues in, here and in a dedicated backend's engine."""
+        return priority_of(ctx, tenant)
 
     def authenticate(self, ctx: RequestContext) -> None:
         ctx.identity = identity = self.auth.authenticate(ctx.request, ctx.policy)

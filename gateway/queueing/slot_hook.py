@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 from gateway.core.context import RequestContext
 from gateway.core.errors import DeadlinePassed, NoBackendAvailable
 from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
-from gateway.queueing.fair_share import Priority
+from gateway.queueing.fair_share import PRIORITIES, Priority
 from gateway.queueing.queues import BackendQueues
 from gateway.queueing.slots import SlotTicket
 from policies.load import ModelTarget
@@ -67,6 +68,10 @@ def priority_of(ctx: RequestContext, tenant: str) -> Priority:
     return spec.priority if spec is not None else ctx.policy.file.defaults.priority
 
 
+def _band(priority: str) -> Priority:
+    return cast(Priority, priority) if priority in PRIORITIES else "normal"
+
+
 class _Slot:
     """One attempt's place in its backend's queue (a class rather than an
     @asynccontextmanager: no generator per request)."""
@@ -96,7 +101,8 @@ class _Slot:
         """A slot in each of the target's queues (its own, then its backend's), or none."""
         ctx, target, queues = self._ctx, self._target, self._hook.queues
         tenant = ctx.caller.tenant
-        priority, deadline = priority_of(ctx, tenant), self._hook.deadline(ctx)
+        # the band the pipeline chose (a batch line: the lowest, whatever its tenant)
+        priority, deadline = _band(ctx.record.priority), self._hook.deadline(ctx)
         tickets = self._tickets
         try:
             for key in queues.queue_keys(target):

@@ -47,6 +47,7 @@ class AccessRecord:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cost_usd: float | None = None
+    batch_id: str | None = None  # a Batch API line's batch
     timing: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -61,6 +62,7 @@ class AccessRecord:
             attempts=len(record.attempts), decision_reason=record.reason,
             error_code=record.error_code, input_tokens=record.input_tokens,
             output_tokens=record.output_tokens, cost_usd=record.cost_usd,
+            batch_id=record.batch_id,
             timing=cls.timing_of(record.split))
 
     @staticmethod

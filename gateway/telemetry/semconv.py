@@ -31,6 +31,7 @@ ERROR_TYPE = "error.type"
 RG_REQUEST_ID = "routegate.request_id"
 RG_TENANT = "routegate.tenant"
 RG_ROUTE = "routegate.route"
+RG_BATCH_ID = "routegate.batch.id"  # a Batch API line: its batch
 RG_BACKEND = "routegate.backend"
 RG_DECISION_ID = "routegate.decision.id"
 RG_DECISION_REASON = "routegate.decision.reason"

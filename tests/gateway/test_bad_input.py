@@ -157,9 +157,9 @@ async def test_unknown_path_and_wrong_method_are_openai_shaped(gateway: RunningG
 async def test_an_unknown_path_under_v1_says_so_and_lists_what_is_served(
         gateway: RunningGateway) -> None:
     async with aiohttp.ClientSession() as session, session.get(
-            gateway.url + "/v1/files") as response:
+            gateway.url + "/v1/assistants") as response:
         assert response.status == 404
         message = (await response.json())["error"]["message"]
-    assert message.startswith("Unknown path /v1/files: this gateway does not serve it.")
+    assert message.startswith("Unknown path /v1/assistants: this gateway does not serve it.")
     assert "/chat/completions" in message and "/models" in message
     assert "served under /v1" not in message

@@ -1,0 +1,69 @@
+"""Both batch stores keep the same promises: one lease holder at a time, a lapsed lease
+taken over, a line's first stored result kept, a cancel request shown as `cancelling`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.batches.model import Batch, LineResult
+from gateway.batches.redis_state import RedisState
+from gateway.batches.state import BatchState, SqliteState
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def state(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BatchState]:
+    store: BatchState
+    if request.param == "sqlite":
+        store = SqliteState(tmp_path / "batches.sqlite3")
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        store = RedisState(server.url)
+    yield store
+    await store.aclose()
+
+
+def a_batch(batch_id: str = "batch_1") -> Batch:
+    return Batch(id=batch_id, tenant="acme", key_hash=None, endpoint="/v1/chat/completions",
+                 input_file_id="file_1", completion_window="24h", window_s=86_400.0,
+                 created_at=1, expires_at=86_401)
+
+
+async def test_one_holder_at_a_time_and_a_lapsed_lease_is_taken_over(state: BatchState) -> None:
+    await state.create(a_batch())
+    assert await state.acquire("batch_1", "a", 0.3)
+    assert await state.acquire("batch_1", "a", 0.3)  # renewed by its holder
+    assert not await state.acquire("batch_1", "b", 0.3)
+    await asyncio.sleep(0.4)
+    assert await state.acquire("batch_1", "b", 0.3)
+    await state.release("batch_1", "a")  # not its holder any more: nothing happens
+    assert not await state.acquire("batch_1", "a", 0.3)
+
+
+async def test_a_lines_first_stored_result_is_the_one_kept(state: BatchState) -> None:
+    await state.create(a_batch())
+    first = LineResult(index=3, custom_id="x", status=200, body={"n": 1}, request_id="r1")
+    await state.put_result("batch_1", first)
+    await state.put_result("batch_1", LineResult(index=3, custom_id="x", status=500,
+                                                 body={}, request_id="r2"))
+    assert (await state.results("batch_1")) == {3: first}
+
+
+async def test_a_cancel_request_shows_as_cancelling_until_the_runner_finishes(
+        state: BatchState) -> None:
+    batch = a_batch()
+    batch.status = "in_progress"
+    await state.create(batch)
+    await state.request_cancel("batch_1", 42)
+    found = await state.get("batch_1")
+    assert found is not None and found.status == "cancelling"
+    assert found.times["cancelling_at"] == 42
+    found.status = "cancelled"
+    await state.save(found)
+    done = await state.get("batch_1")
+    assert done is not None and done.status == "cancelled"
+    assert await state.unfinished() == []
