@@ -98,7 +98,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     routing = install_routing(app, hooks, live=live, pool=pool)
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do
     pool.on_resend = hooks.telemetry.metrics.observe_resend
-    install_backend_health(app, live, pool, routing.stats)  # active checks per backend
+    install_backend_health(app, live, pool, routing.ejections)  # active checks per backend
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)

@@ -231,10 +231,9 @@ class Router:
                     f"{model.context_tokens}-token context window"))
                 continue
             snapshot = targets.get(model.key, empty)
-            if (snapshot.unhealthy_until is not None or snapshot.last_error_at is not None) \
-                    and not snapshot.healthy(now):
+            if snapshot.unhealthy_until is not None and now < snapshot.unhealthy_until:
                 excluded.append(Excluded(model.key, REASON_UNHEALTHY,
-                                         f"error rate {snapshot.error_rate:.0%} or marked down"))
+                                         "failing its backend's active health checks"))
                 continue
             ttft, total, queue, explained, cost = estimate(
                 model, inputs, outputs, snapshot, now)

@@ -45,8 +45,8 @@ def target_states(app: web.Application, policy: Policy) -> dict[str, dict[str, A
     for key in policy.targets:
         target = stats.target(key)
         state = {**report.get(key, _IN_SERVICE), "in_flight": target.in_flight,
-                 "error_rate": round(target.error_rate, 3)}
-        if state["state"] != "in_service" and key in sole:
+                 "queue_depth": target.queue_depth, "error_rate": round(target.error_rate, 3)}
+        if state["state"] in ("ejected", "probing") and key in sole:
             # out for everyone else, still serving the tenants it is all they may use
             state["state"], state["degraded_for"] = "degraded", sole[key]
         states[key] = state
