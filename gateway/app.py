@@ -32,6 +32,9 @@ from gateway.queueing.http import install as install_queues
 from gateway.route.admin import install as install_backends_admin
 from gateway.route.health import install as install_backend_health
 from gateway.route.hook import install as install_routing
+from gateway.route.replica_launch import FleetLaunches
+from gateway.route.replica_watch import install as install_fleets
+from gateway.route.replicas import Fleets
 from gateway.server.drain import DRAIN, Drain
 from gateway.settings import Settings
 from gateway.telemetry.install import install_telemetry
@@ -72,7 +75,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[HOOKS] = hooks
     app[DRAIN] = Drain()
     hooks.observers.append(app[DRAIN])  # the requests a drain waits for (and cuts)
-    app[SUPERVISOR] = Supervisor(policy, pool, settings)
+    fleets = Fleets()  # dedicated backends' replicas (launched ones told by the supervisor)
+    app[SUPERVISOR] = Supervisor(policy, FleetLaunches(pool, fleets), settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon, recheck=True)
     pool.follow(policy)
@@ -99,6 +103,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do
     pool.on_resend = hooks.telemetry.metrics.observe_resend
     install_backend_health(app, live, pool, routing.ejections)  # active checks per backend
+    install_fleets(app, live, hooks, routing.stats, fleets)  # replicas: pick, salt, watch
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)

@@ -24,6 +24,7 @@ from aiohttp import web
 from gateway.errors import ModelNotFound
 from gateway.pipeline.context import Attempt, RequestContext
 from gateway.telemetry.service import Telemetry
+from gateway.upstream.pool import Upstream
 from policies.load import ModelTarget
 
 
@@ -55,6 +56,12 @@ class Observer(Protocol):
 
     def request_finished(self, ctx: RequestContext) -> None:
         """After the last byte (or the error) went to the client; ctx.status is final."""
+
+
+class ReplicaChoice(Protocol):
+    def choose(self, ctx: RequestContext, target: ModelTarget,
+               upstream: Upstream) -> Upstream | None:
+        """What this attempt is sent through (None: no replica can serve it)."""
 
 
 class Cache(Protocol):
@@ -116,3 +123,5 @@ class Hooks:
     observers: list[Observer] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     max_attempts: int = 3  # candidates tried per request, the primary included
+    # a dedicated backend's replica and cache salt per attempt (`gateway/route/replica_call`)
+    replicas: ReplicaChoice | None = None

@@ -50,6 +50,11 @@ def note_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:
     tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
     if tokens_in is not None:
         record.input_tokens = tokens_in
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else \
+        _int(usage.get("cache_read_input_tokens"))
+    if cached is not None:
+        record.cached_input_tokens = cached
     if tokens_out is not None:
         record.output_tokens = tokens_out
 

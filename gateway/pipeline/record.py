@@ -80,6 +80,7 @@ class AttemptRecord:
     error_type: str | None = None  # for the span: an exception class or the statement
     deadline_ms: int | None = None  # the budget left as it was sent
     ended: bool = False
+    replica: str | None = None  # host:port of the fleet replica it was sent to
 
     @property
     def answered(self) -> bool:
@@ -129,6 +130,7 @@ class RequestRecord:
     response_model: str | None = None
     response_id: str | None = None
     input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # of input_tokens, read from the prefix cache
     output_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
     cost_micros: int | None = None  # what settlement charged (the ledger's figure)

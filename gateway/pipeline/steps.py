@@ -248,6 +248,8 @@ class Pipeline:
                     late.append(f"{target.key}: {misfit}")
                     continue
             upstream = self.pool.get(target.backend_name, target.backend)
+            if upstream is not None and self.hooks.replicas is not None:
+                upstream = self.hooks.replicas.choose(ctx, target, upstream)
             if upstream is None:
                 reason = self.pool.unavailable_reason(target.backend_name)
                 unavailable.append(f"{target.key}: {reason}")

@@ -26,6 +26,7 @@ from gateway.auth import require_admin
 from gateway.policy.live import LivePolicy
 from gateway.route.health import HEALTH
 from gateway.route.hook import ROUTING
+from gateway.route.replica_watch import FLEETS
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 
@@ -81,10 +82,15 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool) -> None:
         states = target_states(request.app, policy)
         checker = request.app.get(HEALTH)
         health = checker.report(monotonic()) if checker is not None else {}
+        fleets = request.app.get(FLEETS)
+        replicas = fleets.report(monotonic()) if fleets is not None else {}
         backends = {name: {"status": status, "health": health.get(name), "targets": {
             key: state for key, state in states.items()
             if policy.targets[key].backend_name == name}}
             for name, status in backend_states(request.app, policy, pool).items()}
+        for name, fleet in replicas.items():  # per replica: load, health, cache hits
+            if name in backends:
+                backends[name]["fleet"] = fleet
         return web.Response(body=orjson.dumps({"backends": backends}),
                             content_type="application/json")
 

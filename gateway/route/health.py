@@ -28,6 +28,7 @@ from aiohttp import web
 
 from gateway.log_text import escaped
 from gateway.policy.live import LivePolicy
+from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
 from routing.outliers import Ejections
@@ -97,7 +98,8 @@ class HealthChecker:
     def start_due(self, session: aiohttp.ClientSession, now: float) -> None:
         policy = self.live.current
         for name, backend in policy.file.backends.items():
-            if not backend.enabled or not checks_enabled(backend) or name in self._running:
+            if not backend.enabled or not checks_enabled(backend) or name in self._running \
+                    or is_fleet(backend):  # checked per replica (replica_watch.py)
                 continue
             health = self.backends.setdefault(name, BackendHealth())
             if now < health.due_at:
