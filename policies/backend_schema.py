@@ -209,8 +209,8 @@ class Backend(FileModel):
     @model_validator(mode="after")
     def _url_or_launch(self) -> Backend:
         if self.url is None and self.launch is None and not self.urls:
-            raise ValueError("a backend needs `url`, `urls`, or `launch` to start a "
-                             "local_backend")
+            raise ValueError("a backend needs `url`, or `launch` to start a local_backend "
+                             "(or `urls`: its replicas)")
         if sum((self.url is not None, bool(self.urls), self.launch is not None)) > 1:
             raise ValueError("give one of `url`, `urls` and `launch`")
         for url in self.urls:
