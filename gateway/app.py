@@ -103,7 +103,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     pool.on_capabilities = routing.backend_reported  # what a launched backend can do
     pool.on_resend = hooks.telemetry.metrics.observe_resend
     install_backend_health(app, live, pool, routing.ejections)  # active checks per backend
-    install_fleets(app, live, hooks, routing.stats, fleets)  # replicas: pick, salt, watch
+    install_fleets(app, live, hooks, routing, fleets)  # replicas: pick, salt, watch
     install_cache(app, live, hooks)  # routes' `cache:`: kept answers, no backend call
     # per-backend slots: priority, deadlines, shedding; `max_concurrency` shared by workers
     install_queues(app, live, hooks, share=settings.workers)

@@ -51,6 +51,9 @@ class RequestFeatures:
     needs: int = 0  # capability bits (routing.capabilities) the body asks for
     choices: int = 1  # `n`
     input_param: str = "messages"  # the body field that holds the prompt
+    # target key → share (0..1) of the prompt its best replica likely holds in its prefix
+    # cache (a fleet's index); that part is not prefilled again. None: nothing known
+    cached_share: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from random import random
@@ -88,6 +88,8 @@ class RoutingHook:
         self._learned_under: Policy | None = None
         # the app's metrics (ejections, prediction errors), set as the app starts
         self.metrics: GatewayMetrics | None = None
+        # share of the prompt each fleet target likely holds (`replica_call.py`), if any
+        self.cached_share: Callable[[RequestContext], Mapping[str, float] | None] | None = None
 
     def _for(self, policy: Policy) -> _Compiled:
         compiled = self._compiled
@@ -147,6 +149,8 @@ class RoutingHook:
             if exc.not_found:
                 raise ModelNotFound(str(exc), param=exc.param) from exc
             raise BadRequest(str(exc), param=exc.param) from exc
+        if self.cached_share is not None:
+            features.cached_share = self.cached_share(ctx)
         # the draws a route's `spread` picks with (routing has no random source)
         decision = compiled.router.decide(features, stats, monotonic(),
                                           decision_id=ctx.request_id, draws=(random(), random()))

@@ -19,7 +19,14 @@ from time import monotonic
 from typing import Any
 
 from gateway.pipeline.context import Attempt, RequestContext
-from gateway.route.replicas import Fleet, Fleets, Replica, request_hashes, salt_for
+from gateway.route.replicas import (
+    Fleet,
+    Fleets,
+    Replica,
+    cached_share,
+    request_hashes,
+    salt_for,
+)
 from gateway.upstream.http1 import ConnectFailed, Timeouts
 from gateway.upstream.openai import UpstreamFailure
 from gateway.upstream.pool import Upstream, UpstreamResponse
@@ -51,6 +58,10 @@ class ReplicaChooser:
             return None
         fleet.index.record(hashes, chosen.replica)  # the next such prompt finds it here
         return ReplicaCall(ctx, upstream, salt, fleet, fleet.replicas[chosen.replica], hashes)
+
+    def cached_share(self, ctx: RequestContext) -> dict[str, float] | None:
+        """For routing's TTFT prediction (`RoutingHook.cached_share`)."""
+        return cached_share(ctx, self.fleets)
 
     # -- observer: cached tokens per backend and replica ------------------------------
 

@@ -28,6 +28,7 @@ from aiohttp import web
 from gateway.hooks import Hooks
 from gateway.policy.live import LivePolicy
 from gateway.route.health import check_url
+from gateway.route.hook import RoutingHook
 from gateway.route.load import MAX_METRICS_BYTES, metrics_url, parse_load
 from gateway.route.replica_call import ReplicaChooser
 from gateway.route.replica_metrics import ReplicaCollector
@@ -159,7 +160,7 @@ FLEETS = web.AppKey("routegate.fleets", Fleets)
 WATCHER = web.AppKey("routegate.fleet_watcher", FleetWatcher)
 
 
-def install(app: web.Application, live: LivePolicy, hooks: Hooks, stats: LiveStats,
+def install(app: web.Application, live: LivePolicy, hooks: Hooks, routing: RoutingHook,
             fleets: Fleets | None = None, resolver: Resolver | None = None) -> Fleets:
     """Fleets for the live policy, the replica choice on every attempt, and the watcher
     (owned by `cleanup_ctx`). `resolver` replaces DNS (tests)."""
@@ -170,7 +171,8 @@ def install(app: web.Application, live: LivePolicy, hooks: Hooks, stats: LiveSta
     hooks.replicas = chooser
     hooks.observers.append(chooser)
     hooks.telemetry.metrics.registry.register(ReplicaCollector(chooser))
-    watcher = FleetWatcher(live, fleets, stats, resolver or resolve_all)
+    routing.cached_share = chooser.cached_share  # the prefill a held prefix saves
+    watcher = FleetWatcher(live, fleets, routing.stats, resolver or resolve_all)
     app[FLEETS], app[WATCHER] = fleets, watcher
 
     async def watching(_: web.Application) -> AsyncIterator[None]:

@@ -32,8 +32,7 @@ from urllib.parse import urlsplit
 
 from gateway.pipeline.context import RequestContext
 from gateway.upstream.openai import OpenAIUpstream
-from gateway.upstream.pool import Upstream
-from policies.load import ModelTarget, Policy
+from policies.load import Policy
 from policies.schema import Backend
 from routing.decide import max_ejected
 from routing.outliers import Ejections
@@ -230,19 +229,39 @@ class Fleets:
                 for name, fleet in sorted(self.fleets.items())}
 
 
-def request_hashes(ctx: RequestContext, fleet: Fleet, salt: str | None) -> list[int]:
+def request_text(ctx: RequestContext) -> str:
     body = ctx.body
     messages = body.get("messages") if isinstance(body, dict) else None
     if isinstance(messages, list):
-        text = prompt_text(messages)
-    else:
-        prompt = body.get("prompt") if isinstance(body, dict) else None
-        text = prompt if isinstance(prompt, str) else ""
-    return block_hashes(text, fleet.backend.fleet.prefix.block_chars, salt)
+        return prompt_text(messages)
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    return prompt if isinstance(prompt, str) else ""
 
 
-def target_of(policy: Policy, backend: str) -> list[ModelTarget]:
-    return [target for target in policy.targets.values() if target.backend_name == backend]
+def request_hashes(ctx: RequestContext, fleet: Fleet, salt: str | None) -> list[int]:
+    return block_hashes(request_text(ctx), fleet.backend.fleet.prefix.block_chars, salt)
 
 
-__all__ = ["Fleet", "Fleets", "Replica", "Upstream", "is_fleet", "salt_for"]
+def cached_share(ctx: RequestContext, fleets: Fleets) -> dict[str, float] | None:
+    """Per fleet target: the share of this prompt the replica holding most of it (in
+    service) likely has in its prefix cache, for the TTFT prediction; None: no fleet."""
+    if not fleets.fleets:
+        return None
+    text = request_text(ctx)
+    out: dict[str, float] = {}
+    now = monotonic()
+    for name, fleet in fleets.fleets.items():
+        block_chars = fleet.backend.fleet.prefix.block_chars
+        if len(text) < block_chars:
+            continue
+        hashes = block_hashes(text, block_chars, salt_for(ctx, fleet.backend))
+        held = fleet.index.matched(hashes)
+        if not held:
+            continue
+        views = fleet.views(now)
+        percent = ctx.policy.file.resilience.outlier_detection.max_ejection_percent
+        serving = in_service(views, now, max_ejected(len(views), percent))
+        best = max((held.get(view.name, 0) for view in serving), default=0)
+        for model in fleet.backend.models:
+            out[f"{name}/{model}"] = min(1.0, best * block_chars / len(text))
+    return out
