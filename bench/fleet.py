@@ -74,7 +74,7 @@ def system_prompt(tenant: int, tokens: int) -> str:
     return text[:tokens]
 
 
-def policy_text(pick: str, urls: list[str]) -> str:
+def policy_text(pick: str, urls: list[str], cached_weight: float) -> str:
     tenants = "\n".join(f"  {pick}-t{i}: {{api_keys: [{key_hash(f'{pick}-t{i}')}]}}"
                         for i in range(TENANTS))
     return f"""
@@ -85,7 +85,7 @@ backends:
     deployment: dedicated
     urls: [{", ".join(urls)}]
     pick: {pick}
-    fleet: {{poll_interval_s: 0.5, prefix: {{block_chars: 64}}}}
+    fleet: {{poll_interval_s: 0.5, prefix: {{block_chars: 64, cached_weight: {cached_weight}}}}}
     timeouts: {{first_byte_s: 120, total_s: 300}}
     models:
       demo: {{}}
@@ -127,7 +127,7 @@ async def one(base_url: str, tenant: str, system: str, rng: random.Random,
 
 
 async def run_pick(pick: str, urls: list[str], args: argparse.Namespace) -> dict[str, float]:
-    app = create_app(loads(policy_text(pick, urls)), Settings(port=0))
+    app = create_app(loads(policy_text(pick, urls, args.cached_weight)), Settings(port=0))
     runner = GatewayRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -163,6 +163,8 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, default=0.6, help="arrivals per second")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per pick")
     parser.add_argument("--system-tokens", type=int, default=1100)
+    parser.add_argument("--cached-weight", type=float, default=4.0,
+                        help="`fleet.prefix.cached_weight` for pick: prefix")
     parser.add_argument("--num-blocks", type=int, default=400,
                         help="KV blocks of 16 tokens per replica (default: 6,400 tokens, "
                              "room for about half the tenants' system prompts)")

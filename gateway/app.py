@@ -76,7 +76,8 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[DRAIN] = Drain()
     hooks.observers.append(app[DRAIN])  # the requests a drain waits for (and cuts)
     fleets = Fleets()  # dedicated backends' replicas (launched ones told by the supervisor)
-    app[SUPERVISOR] = Supervisor(policy, FleetLaunches(pool, fleets), settings)
+    launches = FleetLaunches(pool, fleets)  # children `name#i` are a fleet's replicas
+    app[SUPERVISOR] = Supervisor(policy, launches, settings)
     live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon, recheck=True)
     pool.follow(policy)
@@ -112,7 +113,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
     if settings.launch_board is not None:  # a worker: the supervisor launched them
-        app.cleanup_ctx.append(board_context(settings.launch_board, pool))
+        app.cleanup_ctx.append(board_context(settings.launch_board, launches))
     else:
         app.cleanup_ctx.append(_supervised_backends)
     return app

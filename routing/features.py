@@ -56,7 +56,9 @@ class RequestFeatures:
     cached_share: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        held = {} if self.cached_share is None else {
+            "cached_share": {key: round(share, 3) for key, share in self.cached_share.items()}}
+        return {**held,
             "route": self.route, "tenant": self.tenant, "tenant_tags": sorted(self.tenant_tags),
             "priority": self.priority, "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
