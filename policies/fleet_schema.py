@@ -39,9 +39,6 @@ class PrefixPick(FileModel):
     """Weight of each request a replica has queued or running."""
     kv_weight: NonNegativeFloat = 1.0
     """Weight of a replica's KV-cache use (0..1): a full cache evicts what it holds."""
-    precise: bool = True
-    """For `local_backend` replicas: follow the block hashes each one reports it holds
-    (`GET /v1/cache/blocks`), so the index is exact there; others use the gateway's own."""
 
 
 class FleetSettings(FileModel):
@@ -58,6 +55,3 @@ class FleetSettings(FileModel):
     """Key of the per-tenant cache salt (a keyed hash of the tenant name sent as
     `cache_salt`); set it so salts cannot be recomputed from tenant names. The same on
     every gateway replica, or their salts differ."""
-    per_replica_ttft: bool = True
-    """Predict the backend's TTFT from its best replica (its queue, and the prefill of
-    the part of the prompt it does not hold)."""
