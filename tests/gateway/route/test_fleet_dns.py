@@ -83,3 +83,8 @@ async def test_a_changed_dns_answer_adds_and_removes_replicas(
         await client.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "hi"}])
     assert [len(fakes[host].received) for host in HOSTS] == [2, 4, 2]
+    async with aiohttp.ClientSession() as session, session.get(
+            gateway.url + "/dashboard/data",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+        shown = (await response.json())["fleets"]["pods"]["replicas"]
+    assert set(shown) == {f"127.0.0.2:{port}", f"127.0.0.3:{port}"}
