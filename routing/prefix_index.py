@@ -61,6 +61,7 @@ class PrefixIndex:
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
         self._holders: OrderedDict[int, set[str]] = OrderedDict()
+        self.held: dict[str, int] = {}  # replica → blocks the index says it holds
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -80,23 +81,29 @@ class PrefixIndex:
 
     def record(self, hashes: Iterable[int], replica: str) -> None:
         """`replica` was sent a prompt with these blocks: it holds them now."""
-        holders_of = self._holders
+        holders_of, held = self._holders, self.held
         for block in hashes:
             holders = holders_of.get(block)
             if holders is None:
                 holders_of[block] = {replica}
+                held[replica] = held.get(replica, 0) + 1
             else:
-                holders.add(replica)
+                if replica not in holders:
+                    holders.add(replica)
+                    held[replica] = held.get(replica, 0) + 1
                 holders_of.move_to_end(block)
         while len(holders_of) > self.max_blocks:
-            holders_of.popitem(last=False)
+            _, dropped = holders_of.popitem(last=False)
+            for gone in dropped:
+                held[gone] -= 1
 
     def evicted(self, hashes: Iterable[int], replica: str) -> None:
         """`replica` says it no longer holds these blocks (a precise engine's report)."""
         for block in hashes:
             holders = self._holders.get(block)
-            if holders is not None:
+            if holders is not None and replica in holders:
                 holders.discard(replica)
+                self.held[replica] -= 1
                 if not holders:
                     del self._holders[block]
 
@@ -107,3 +114,4 @@ class PrefixIndex:
             holders.discard(replica)
             if not holders:
                 del self._holders[block]
+        self.held.pop(replica, None)

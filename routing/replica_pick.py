@@ -2,8 +2,10 @@
 
     prefix       score = cached_weight × share of the prompt it likely holds
                          − queue_weight × its busy count − kv_weight × its KV use;
-                 the highest wins; a cold prompt (no replica holds any of it) and
-                 ties go to the least busy
+                 the highest wins, ties to the least busy; a cold prompt (no
+                 replica holds any of it) goes to the replica holding the fewest
+                 blocks of those at most one request busier than the least busy,
+                 so new prefixes spread the cache evenly over the fleet
     least_busy   fewest requests queued or running (then lowest KV use, then order)
     round_robin  each in turn
 
@@ -68,9 +70,11 @@ def _least_busy(replicas: Sequence[ReplicaView]) -> ReplicaView:
 
 
 def pick(mode: str, replicas: Sequence[ReplicaView], *, held: Mapping[str, int],
-         blocks: int, weights: PrefixPick, turn: int) -> Pick | None:
+         blocks: int, weights: PrefixPick, turn: int,
+         cache_blocks: Mapping[str, int] | None = None) -> Pick | None:
     """`held`: blocks of the prompt each replica likely holds (`PrefixIndex.matched`);
-    `blocks`: the prompt's full blocks; `turn`: a counter for round robin."""
+    `blocks`: the prompt's full blocks; `turn`: a counter for round robin;
+    `cache_blocks`: blocks of any prompt each replica likely holds (`PrefixIndex.held`)."""
     if not replicas:
         return None
     if mode == "round_robin":
@@ -84,6 +88,11 @@ def pick(mode: str, replicas: Sequence[ReplicaView], *, held: Mapping[str, int],
             return value, -r.busy
         chosen = max(replicas, key=score)
         return Pick(chosen.name, held.get(chosen.name, 0), "prefix")
+    if mode == "prefix" and cache_blocks is not None:
+        least = min(r.busy for r in replicas)
+        near = [r for r in replicas if r.busy <= least + 1]
+        chosen = min(near, key=lambda r: (cache_blocks.get(r.name, 0), r.busy))
+        return Pick(chosen.name, 0, "cold")
     chosen = _least_busy(replicas)
     return Pick(chosen.name, held.get(chosen.name, 0),
                 "cold" if mode == "prefix" else "least_busy")

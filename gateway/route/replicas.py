@@ -135,7 +135,8 @@ class Fleet:
         serving = in_service(views, now, max_ejected(len(views), percent))
         self.turn += 1
         return pick(self.backend.pick, serving, held=self.index.matched(hashes),
-                    blocks=len(hashes), weights=self.backend.fleet.prefix, turn=self.turn)
+                    blocks=len(hashes), weights=self.backend.fleet.prefix, turn=self.turn,
+                    cache_blocks=self.index.held)
 
     def report(self, now: float) -> dict[str, dict[str, Any]]:
         states = self.ejections.report(now)

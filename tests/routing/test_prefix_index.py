@@ -56,3 +56,14 @@ def test_the_index_stays_within_its_bound_under_a_stream_of_random_prompts() -> 
     recent = block_hashes("z" * 640, 64)
     index.record(recent, "r0")
     assert index.matched(recent) == {"r0": len(recent)}  # the newest are kept
+
+
+def test_the_index_counts_the_blocks_each_replica_holds_within_its_bound() -> None:
+    index = PrefixIndex(max_blocks=4)
+    index.record([1, 2, 3], "r1")
+    index.record([1, 2], "r2")
+    assert index.held == {"r1": 3, "r2": 2}
+    index.record([7, 8], "r2")  # drops block 3, the least recently sent
+    assert index.held == {"r1": 2, "r2": 4}
+    index.forget("r2")
+    assert index.held == {"r1": 2}

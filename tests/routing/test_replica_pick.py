@@ -45,3 +45,9 @@ def test_ejected_replicas_are_left_out_within_the_cap_and_never_all() -> None:
     assert [r.name for r in in_service(fleet, 10.0, max_ejected=1)] == ["r1", "r2"]
     assert [r.name for r in in_service(fleet[:2], 10.0, max_ejected=5)] == ["r1"]
     assert [r.name for r in in_service(fleet, 60.0, max_ejected=1)] == ["r0", "r1", "r2"]
+
+
+def test_a_cold_prompt_goes_where_the_cache_holds_least_among_the_nearly_idle() -> None:
+    chosen = pick("prefix", views(1, 0, 3), held={}, blocks=10, weights=WEIGHTS, turn=0,
+                  cache_blocks={"r0": 5, "r1": 40, "r2": 0})
+    assert chosen is not None and (chosen.replica, chosen.reason) == ("r0", "cold")
