@@ -94,6 +94,11 @@ class Ejections:
         target.until = now + settings.base_ejection_s
         self.stats.eject(key, target.until)
 
+    def forget(self, key: str) -> None:
+        """`key` is gone for good (a replica that left its fleet)."""
+        self._targets.pop(key, None)
+        self.stats.forget(key)
+
     def check_passed(self, key: str, now: float, *, back_up: bool) -> None:
         """An active health check of `key`'s backend passed; `back_up`: enough in a row
         to end a `check_failed` down state. Ends an ejection whose time is up (the check

@@ -175,6 +175,12 @@ class LiveStats:
         self._ejected[key] = until
         self._snapshot = None
 
+    def forget(self, key: str) -> None:
+        """`key` is gone for good (a replica that left its fleet)."""
+        self._targets.pop(key, None)
+        self._ejected.pop(key, None)
+        self._snapshot = None
+
     def restore(self, key: str) -> None:
         if self._ejected.pop(key, None) is not None:
             self._snapshot = None

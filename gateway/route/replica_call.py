@@ -34,6 +34,8 @@ from gateway.upstream.rewrite import spliced_fields, with_fields
 from policies.load import ModelTarget
 from policies.schema import Backend
 
+MAX_TOKEN_SERIES = 1024  # (backend, replica) pairs counted; gone replicas dropped past it
+
 
 class ReplicaChooser:
     def __init__(self, fleets: Fleets) -> None:
@@ -77,7 +79,10 @@ class ReplicaChooser:
         if attempt is None or not attempt.answered or record.input_tokens is None:
             return
         cached = record.cached_input_tokens or 0
-        counts = self.tokens.setdefault((attempt.backend, attempt.replica or ""), [0, 0, 0])
+        key = (attempt.backend, attempt.replica or "")
+        if key not in self.tokens and len(self.tokens) >= MAX_TOKEN_SERIES:
+            self._forget_gone_replicas()
+        counts = self.tokens.setdefault(key, [0, 0, 0])
         counts[0] += 1
         counts[1] += record.input_tokens
         counts[2] += cached
@@ -87,6 +92,14 @@ class ReplicaChooser:
             replica.requests += 1
             replica.prompt_tokens += record.input_tokens
             replica.cached_tokens += cached
+
+
+    def _forget_gone_replicas(self) -> None:
+        """Replicas come and go (DNS): their series go once the table is full."""
+        for backend, replica in list(self.tokens):
+            fleet = self.fleets.get(backend)
+            if replica and (fleet is None or replica not in fleet.replicas):
+                del self.tokens[(backend, replica)]
 
 
 class ReplicaCall:

@@ -5,6 +5,8 @@
     routegate_replica_kv_cache_use{backend,replica}     0..1 (its /metrics)
     routegate_replica_in_service{backend,replica}       0 while ejected or down
     routegate_prompt_tokens_total{backend,replica}      prompt tokens of answered requests
+                                                        (every backend; replica "" unless
+                                                        a fleet's)
     routegate_cached_prompt_tokens_total{backend,replica}  … of them read from its cache
 
 `replica` is host:port, empty for a dedicated backend with one URL; the hit rate is
@@ -52,11 +54,12 @@ class ReplicaCollector(Collector):
                 gauges["in_service"].add_metric(labels, 0.0 if out else 1.0)
         yield from gauges.values()
         prompt = CounterMetricFamily("routegate_prompt_tokens",
-                                     "Prompt tokens of answered requests to dedicated "
-                                     "backends.", labels=LABELS)
+                                     "Prompt tokens of answered requests, per backend and "
+                                     "fleet replica.", labels=LABELS)
         cached = CounterMetricFamily("routegate_cached_prompt_tokens",
-                                     "Prompt tokens a dedicated backend read from its "
-                                     "prefix cache.", labels=LABELS)
+                                     "Prompt tokens a backend read from its prefix cache "
+                                     "(usage.prompt_tokens_details.cached_tokens).",
+                                     labels=LABELS)
         for (backend, where), (_, prompt_tokens, cached_tokens) in sorted(
                 self.chooser.tokens.items()):
             prompt.add_metric([backend, where], prompt_tokens)

@@ -96,6 +96,9 @@ class FleetWatcher:
         fleet.set_urls(replica_urls(url, addresses), "dns")
 
     async def poll(self, session: aiohttp.ClientSession, fleet: Fleet) -> None:
+        known = {name for each in self.fleets.fleets.values() for name in each.replicas}
+        for gone in [name for name in self._checks if name not in known]:
+            del self._checks[gone]
         await asyncio.gather(*(self._poll_replica(session, fleet, replica)
                                for replica in list(fleet.replicas.values())))
         self._publish_best(fleet)

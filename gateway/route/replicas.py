@@ -120,7 +120,7 @@ class Fleet:
             return
         replica.adapter.retire()  # closes once its last request is done
         self.index.forget(name)
-        self.health.restore(name)
+        self.ejections.forget(name)
         log.info("backend %s: replica %s left", self.name, name)
 
     def views(self, now: float) -> list[ReplicaView]:

@@ -164,3 +164,12 @@ def test_the_percent_cap_holds_when_every_target_fails_at_once() -> None:
     out = [key for key, reason in reasons(decision).items() if reason == "ejected"]
     assert len(out) == max_ejected(len(everyone), SETTINGS.max_ejection_percent)
     assert len(keys(decision)) == len(everyone) - len(out) > 0
+
+
+def test_a_forgotten_target_leaves_nothing_behind() -> None:
+    stats, ejections = ejected_after_failures()
+    ejections.check_failed("gone/m", 0.0, SETTINGS, down=True)
+    ejections.forget(KEY)
+    ejections.forget("gone/m")
+    assert ejections.report(1.0) == {} and stats.snapshot().ejected == {}
+    assert stats.snapshot().targets == {}
