@@ -131,7 +131,7 @@ def run_gateway_variant(port: int, policy_path: str, without: tuple[str, ...]) -
 
     from gateway.api.openai import PIPELINE
     from gateway.app import create_app
-    from gateway.core.hooks import Hooks
+    from gateway.plugin import Hooks
     from gateway.server.serve import serve
     from gateway.settings import Settings
     from policies.load import load

@@ -22,7 +22,6 @@ from gateway.cache.http import install as install_cache
 from gateway.compat import check_aiohttp
 from gateway.core.drain import DRAIN, Drain
 from gateway.core.errors import error_middleware
-from gateway.core.hooks import Hooks
 from gateway.core.live_policy import LivePolicy
 from gateway.dashboard import dashboard_routes
 from gateway.keys.install import install as install_keys
@@ -30,10 +29,12 @@ from gateway.launch.board import board_context
 from gateway.launch.supervisor import Supervisor
 from gateway.limits.http import install as install_limits
 from gateway.pipeline.steps import Pipeline
-from gateway.plugin import Plugin, Wiring, assemble
+from gateway.plugin import Hooks, Plugin, Wiring, assemble
 from gateway.policy.admin import install as install_policy_admin
 from gateway.queueing.http import install as install_queues
 from gateway.route.plugin import install as install_routing
+from gateway.route.replica_launch import FleetLaunches
+from gateway.route.replica_watch import FLEETS
 from gateway.settings import Settings
 from gateway.stores.blobs import open_blobs
 from gateway.telemetry.install import install_telemetry
@@ -85,8 +86,6 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app[LIVE_POLICY] = live
     app[UPSTREAMS] = pool
     app[DRAIN] = Drain()
-    app[SUPERVISOR] = Supervisor(policy, pool, settings)
-    live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     live.on_swap(_warm_tls_soon, recheck=True)
     pool.follow(policy)
     # backends a reload removes close once idle; so do connections trusting a rotated CA
@@ -96,6 +95,10 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
                     settings=settings, stats=LiveStats(), tokens=TokenCounter())
     # the drain sees every request first: the requests it waits for (and cuts)
     hooks = app[HOOKS] = assemble(wiring, plugins, observers=(app[DRAIN],))
+    # launched backends: children `name#i` are replicas of the fleet routing picks from
+    launches = FleetLaunches(pool, app[FLEETS])
+    app[SUPERVISOR] = Supervisor(policy, launches, settings)
+    live.on_swap(app[SUPERVISOR].follow)  # a reload starts and stops `launch:` backends
     app[PIPELINE] = Pipeline(live, pool, hooks, telemetry)
     app[READINESS] = ConnectProbe()  # /readyz: is each URL backend reachable at all
     add_routes(app)
@@ -117,7 +120,7 @@ def create_app(policy: Policy, settings: Settings | None = None, *,
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_responses_state)
     if settings.launch_board is not None:  # a worker: the supervisor launched them
-        app.cleanup_ctx.append(board_context(settings.launch_board, pool))
+        app.cleanup_ctx.append(board_context(settings.launch_board, launches))
     else:
         app.cleanup_ctx.append(_supervised_backends)
     return app

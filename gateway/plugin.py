@@ -11,19 +11,53 @@ token counter) comes in the wiring.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from gateway.core.auth import ManagedKeys
-from gateway.core.hooks import Admission, Cache, Hooks, Observer, QueueSlots, Router
+from gateway.core.context import RequestContext
+from gateway.core.hooks import (
+    Admission,
+    Cache,
+    NoAdmission,
+    NoCache,
+    NoQueue,
+    Observer,
+    QueueSlots,
+    Router,
+    route_targets_in_order,
+)
 from gateway.core.live_policy import LivePolicy
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.pool import Upstream, UpstreamPool
+from policies.load import ModelTarget
 from routing.stats import LiveStats
 from routing.tokens import TokenCounter
+
+
+class ReplicaChoice(Protocol):
+    def choose(self, ctx: RequestContext, target: ModelTarget,
+               upstream: Upstream) -> Upstream | None:
+        """What this attempt is sent through: one replica of a dedicated backend's fleet
+        (None: no replica can serve it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What the pipeline calls, fixed once the plug-ins are installed (`assemble`)."""
+
+    admission: Admission = field(default_factory=NoAdmission)
+    router: Router = route_targets_in_order
+    queue: QueueSlots = field(default_factory=NoQueue)
+    cache: Cache[Any] = field(default_factory=NoCache)
+    observers: tuple[Observer, ...] = ()
+    managed_keys: ManagedKeys | None = None  # found past the policy's keys (gateway/keys)
+    # a dedicated backend's replica and cache salt per attempt (`gateway/route/replica_call`)
+    replicas: ReplicaChoice | None = None
+    max_attempts: int = 3  # candidates tried per request, the primary included
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +84,7 @@ class Provides:
     cache: Cache | None = None
     observers: tuple[Observer, ...] = ()
     managed_keys: ManagedKeys | None = None  # keys authentication finds past the policy's
+    replicas: ReplicaChoice | None = None  # a fleet's replica per attempt
     # wraps whichever queue is installed (routing counts in-flight requests around it)
     wraps_queue: Callable[[QueueSlots], QueueSlots] | None = None
     # wraps the admission installed before it (managed keys' limits around the tenant's)
@@ -70,7 +105,7 @@ def assemble(wiring: Wiring, plugins: Sequence[Plugin], *,
     """Install `plugins` in order and fix the hooks they provide. `observers` come first
     (the app's own, e.g. the drain, which must see a request before any plug-in)."""
     defaults = Hooks()
-    admission, router, queue, cache, keys = None, None, None, None, None
+    admission, router, queue, cache, keys, replicas = None, None, None, None, None, None
     told: list[Observer] = list(observers)
     wrappers: list[Callable[[QueueSlots], QueueSlots]] = []
     for plugin in plugins:
@@ -80,6 +115,7 @@ def assemble(wiring: Wiring, plugins: Sequence[Plugin], *,
         queue = _once("queue", queue, provided.queue)
         cache = _once("cache", cache, provided.cache)
         keys = _once("managed_keys", keys, provided.managed_keys)
+        replicas = _once("replicas", replicas, provided.replicas)
         told.extend(provided.observers)
         if provided.wraps_queue is not None:
             wrappers.append(provided.wraps_queue)
@@ -90,7 +126,7 @@ def assemble(wiring: Wiring, plugins: Sequence[Plugin], *,
         slots = wrap(slots)
     return Hooks(admission=admission or defaults.admission, router=router or defaults.router,
                  queue=slots, cache=cache or defaults.cache, observers=tuple(told),
-                 managed_keys=keys, max_attempts=max_attempts)
+                 managed_keys=keys, replicas=replicas, max_attempts=max_attempts)
 
 
 T = TypeVar("T")

@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from policies.bands import BandCarrier, Priority
 from policies.file_model import FileModel, NonNegativeFloat, PositiveFloat, PositiveInt
+from policies.fleet_schema import FleetSettings, Pick
 from policies.resilience import HealthCheck
 
 
@@ -95,6 +96,9 @@ class LaunchSpec(FileModel):
     safetensors and tokenizer.json, or one `.gguf`), or `demo` (random weights, for tests)."""
     args: list[str] = []
     """Extra command-line arguments for `python -m local_backend`."""
+    replicas: PositiveInt = 1
+    """Children to start, each on its own port with its share of the CPU threads, each
+    restarted on its own; one target still names them all (`pick:` chooses per request)."""
     startup_timeout_s: PositiveFloat = 300.0
     """Seconds the child may take to answer `GET /health` before it is restarted: loading
     the model and warming it up (a local_backend answers only once warm)."""
@@ -110,6 +114,17 @@ class Backend(FileModel):
         "(user:password@) are refused: the URL is shown in logs and the admin API, so a "
         "secret goes in `api_key`, which is masked and sent as the backend's auth header."),
         json_schema_extra={"pattern": r"^(https?://|.*\$\{)"})  # editors only
+    urls: list[str] = []
+    """Replicas of a dedicated backend by URL (each like `url`); routes still name the
+    one backend, and `pick:` chooses a replica per request."""
+    resolve: Literal["first", "all"] = "first"
+    """`all`: every address `url`'s host name resolves to is a replica (a Kubernetes
+    headless service), resolved again every `fleet.resolve_interval_s`."""
+    pick: Pick = "prefix"
+    """Which replica serves a request: `prefix` (the one likely holding most of the
+    prompt in its KV cache, against its queue and KV use), `least_busy`, `round_robin`."""
+    fleet: FleetSettings = FleetSettings()
+    """How replicas are watched and scored (`pick`, `resolve`)."""
     api_key: SecretStr | None = None
     """Sent as the backend's auth header (Bearer, or x-api-key for Anthropic); never logged or
     shown. Write `${VAR}` rather than the key itself."""
@@ -193,8 +208,17 @@ class Backend(FileModel):
 
     @model_validator(mode="after")
     def _url_or_launch(self) -> Backend:
-        if self.url is None and self.launch is None:
-            raise ValueError("a backend needs `url`, or `launch` to start a local_backend")
+        if self.url is None and self.launch is None and not self.urls:
+            raise ValueError("a backend needs `url`, or `launch` to start a local_backend "
+                             "(or `urls`: its replicas)")
+        if sum((self.url is not None, bool(self.urls), self.launch is not None)) > 1:
+            raise ValueError("give one of `url`, `urls` and `launch`")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")) or "@" in urlsplit(url).netloc:
+                raise ValueError("each of `urls` must start with http:// or https:// and "
+                                 "carry no credentials")
+        if self.resolve == "all" and self.url is None:
+            raise ValueError("`resolve: all` needs a `url` whose host is a DNS name")
         if self.responses == "native" and self.type != "openai":
             raise ValueError("`responses: native` needs a backend of type openai")
         if self.type != "openai" and (self.priority == "vllm" or self.service_tier):

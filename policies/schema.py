@@ -36,6 +36,7 @@ from policies.file_model import NonNegativeFloat as NonNegativeFloat
 from policies.file_model import PositiveFloat as PositiveFloat
 from policies.file_model import PositiveInt as PositiveInt
 from policies.file_model import Target as Target
+from policies.fleet_schema import PrefixCache
 from policies.keys_schema import KeyService as KeyService
 from policies.resilience import Resilience
 from policies.store_schema import STORE_URL_PATTERN as STORE_URL_PATTERN
@@ -77,6 +78,9 @@ class Route(FileModel):
     time); none: the best always leads."""
     weights: dict[Target, PositiveFloat] = {}
     """Share of each target among equals under `spread`, by `backend/model` (default 1)."""
+    prefix_cache: PrefixCache | None = None
+    """`shared`: requests on this route send no per-tenant cache salt to dedicated
+    backends, so tenants warm one another's prefix cache; unset: the tenant's setting."""
 
     @model_validator(mode="after")
     def _weights_name_targets(self) -> Route:
@@ -245,6 +249,10 @@ class Tenant(FileModel):
     routes: dict[str, str] = {}
     """Route overrides: the route a client asks for → the route that serves this tenant (`chat:
     chat-fast`)."""
+    prefix_cache: PrefixCache = "tenant"
+    """`tenant`: every request to a dedicated backend carries this tenant's own cache salt
+    (`cache_salt`), so its prompts never warm another tenant's KV cache; `shared` opts in
+    to sharing."""
 
 
 class AnonymousAccess(FileModel):

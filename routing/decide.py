@@ -231,13 +231,15 @@ class Router:
                     f"{model.context_tokens}-token context window"))
                 continue
             snapshot = targets.get(model.key, empty)
-            if (snapshot.unhealthy_until is not None or snapshot.last_error_at is not None) \
-                    and not snapshot.healthy(now):
+            if snapshot.unhealthy_until is not None and now < snapshot.unhealthy_until:
                 excluded.append(Excluded(model.key, REASON_UNHEALTHY,
-                                         f"error rate {snapshot.error_rate:.0%} or marked down"))
+                                         "failing its backend's active health checks"))
                 continue
+            prefilled = inputs
+            if features.cached_share is not None:  # a fleet replica likely holds part
+                prefilled = round(inputs * (1.0 - features.cached_share.get(model.key, 0.0)))
             ttft, total, queue, explained, cost = estimate(
-                model, inputs, outputs, snapshot, now)
+                model, prefilled, outputs, snapshot, now)
             within = ttft <= ttft_limit and total <= total_limit
             # tuple.__new__ skips NamedTuple's Python-level __new__: a third of the
             # per-candidate cost with 100 candidates.

@@ -51,9 +51,14 @@ class RequestFeatures:
     needs: int = 0  # capability bits (routing.capabilities) the body asks for
     choices: int = 1  # `n`
     input_param: str = "messages"  # the body field that holds the prompt
+    # target key → share (0..1) of the prompt its best replica likely holds in its prefix
+    # cache (a fleet's index); that part is not prefilled again. None: nothing known
+    cached_share: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        held = {} if self.cached_share is None else {
+            "cached_share": {key: round(share, 3) for key, share in self.cached_share.items()}}
+        return {**held,
             "route": self.route, "tenant": self.tenant, "tenant_tags": sorted(self.tenant_tags),
             "priority": self.priority, "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,

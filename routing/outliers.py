@@ -1,10 +1,18 @@
-"""Outlier ejection per target ("backend/model"), Envoy-style.
+"""The one health model per target ("backend/model"): outlier ejection, Envoy-style,
+fed by request outcomes and by the backend's active health checks.
 
     in service ──(N failures in a row)──► ejected ──(time up)──► one probe ──► in service
                                               ▲                     │ fails
                                               └─────────────────────┘ (ejected longer)
 
 A failure is what says the target itself is broken: a connect error, a timeout, a 5xx.
+A 429 is an answer (the target is up and busy): it counts as a success here.
+Active health checks feed the same state: a passing check is the probe of a target
+whose ejection time is up (no client request has to risk it), a failing one while
+probing ejects it again; `unhealthy_threshold` failed checks in a row take the target
+down (`check_failed`) until `healthy_threshold` pass, which no cap overrides: a backend
+that says it is not serving is not sent requests. Every other exclusion is an
+ejection, and `decide` applies the route's `max_ejection_percent` to those.
 The n-th ejection in a row lasts n × `base_ejection_s` (at most `max_ejection_s`); a
 target that stays in service for `max_ejection_s` starts counting from one again.
 Once its time is up the first attempt that starts on it is the probe; until the probe
@@ -32,6 +40,7 @@ class _Target:
     probing: bool = False
     restored_at: float | None = None
     total_ejections: int = 0
+    down: bool = False  # failing its active health checks
 
 
 class Ejections:
@@ -85,6 +94,37 @@ class Ejections:
         target.until = now + settings.base_ejection_s
         self.stats.eject(key, target.until)
 
+    def forget(self, key: str) -> None:
+        """`key` is gone for good (a replica that left its fleet)."""
+        self._targets.pop(key, None)
+        self.stats.forget(key)
+
+    def check_passed(self, key: str, now: float, *, back_up: bool) -> None:
+        """An active health check of `key`'s backend passed; `back_up`: enough in a row
+        to end a `check_failed` down state. Ends an ejection whose time is up (the check
+        was its probe)."""
+        target = self._target(key)
+        if back_up and target.down:
+            target.down, target.failures = False, 0
+            self.stats.mark_unhealthy(key, None)
+        if target.until is not None and (target.probing or now >= target.until):
+            target.until, target.probing, target.restored_at = None, False, now
+            target.failures = 0
+            self.stats.restore(key)
+
+    def check_failed(self, key: str, now: float, settings: OutlierDetection, *,
+                     down: bool) -> None:
+        """An active health check of `key`'s backend failed; `down`: enough in a row
+        to take it out until checks pass again. A failed check of a target whose
+        ejection time is up is a failed probe."""
+        target = self._target(key)
+        if down and not target.down:
+            target.down = True
+            self.stats.mark_unhealthy(key, float("inf"))
+        if settings.enabled and target.until is not None and \
+                (target.probing or now >= target.until):
+            self._eject(key, target, now, settings)
+
     def _eject(self, key: str, target: _Target, now: float,
                settings: OutlierDetection) -> None:
         if target.restored_at is not None and now - target.restored_at >= settings.max_ejection_s:
@@ -97,8 +137,10 @@ class Ejections:
         self.stats.eject(key, target.until)
 
     def state(self, key: str, now: float) -> str:
-        """`in_service`, `ejected` or `probing`."""
+        """`unhealthy` (its health checks fail), `in_service`, `ejected` or `probing`."""
         target = self._targets.get(key)
+        if target is not None and target.down:
+            return "unhealthy"
         if target is None or target.until is None:
             return "in_service"
         return "probing" if target.probing else "ejected" if now < target.until else "probing"
@@ -115,4 +157,4 @@ class Ejections:
         } for key, target in sorted(self._targets.items())}
 
     def ejected_keys(self, now: float) -> list[str]:
-        return [key for key in self._targets if self.state(key, now) != "in_service"]
+        return [key for key, target in self._targets.items() if target.until is not None]

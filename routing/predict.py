@@ -6,8 +6,10 @@
 Queue wait models a backend that serves `max_concurrency` requests at once (a
 model with a `max_concurrency` of its own, the tighter of the two): a
 request waits when that many are already running (as counted by the gateway,
-or as reported by the backend's own `/metrics`), for the requests ahead of it
-to free a slot, each taking about one mean service time spread over the slots.
+or as reported by the backend's own `/metrics`, plus the gateway's own requests still
+queued for it), for the requests ahead of it to free a slot, each taking about one mean
+service time spread over the slots. A target whose last 429 carried a `Retry-After`
+waits at least until then.
 A target with no `max_concurrency` (a shared API) only waits in the gateway's
 own queue. All times are milliseconds.
 """
@@ -122,6 +124,10 @@ def estimate(model: TargetModel, input_tokens: int, output_tokens: int,
         service = stats.service_ms if stats.service_ms is not None else (
             overhead + prefill + decode_ms)
         queue = ahead * service / (queue_slots or 1)
+    busy_until = stats.retry_after_until
+    if busy_until is not None and busy_until > now:
+        # its last 429 asked to be left alone this long: a wait, not a fault
+        queue = max(queue, (busy_until - now) * 1000.0)
     explained = network + queue + prefill
     ttft = explained + overhead
     cost = predicted_cost_micros(model, input_tokens, output_tokens, decode)

@@ -19,13 +19,10 @@ from types import MappingProxyType
 from typing import Any
 
 EWMA_ALPHA = 0.2  # weight of the newest sample: ~10 samples of memory
-ERROR_ALPHA = 0.3  # error rate from 0: three failures in a row read as 66 %
+ERROR_ALPHA = 0.3  # weight of the newest outcome in `error_rate` (shown, never routed on)
 WINDOW_SAMPLES = 128  # for the windowed p50/p90
 OUTPUT_MEAN_HORIZON = 200  # the route's output mean is cumulative up to this many samples
 LOAD_FRESH_S = 15.0  # backend-reported load older than this is ignored
-UNHEALTHY_ERROR_RATE = 0.5  # EWMA error rate at which a target is considered down ...
-UNHEALTHY_MIN_SAMPLES = 3  # ... once it has this many results
-RETRY_UNHEALTHY_AFTER_S = 10.0  # ... and is tried again this long after its last error
 
 
 # Made per request: not frozen (a frozen dataclass costs ~3x to build); read-only
@@ -40,9 +37,10 @@ class TargetSnapshot:
     overhead_ms: float | None = None  # EWMA of the TTFT not explained by network/queue/prefill
     decode_tokens_per_s: float | None = None  # EWMA, per stream
     service_ms: float | None = None  # EWMA of a request's whole time on the backend
-    error_rate: float = 0.0  # EWMA of 0/1 outcomes
+    error_rate: float = 0.0  # EWMA of 0/1 outcomes: for people; routing never reads it
     last_error_at: float | None = None
-    unhealthy_until: float | None = None  # set by the gateway's health checks / breaker
+    # down by its active health checks (`routing.outliers.Ejections.check_failed`)
+    unhealthy_until: float | None = None
     retry_after_until: float | None = None  # the backend's own `Retry-After` on a 429/503
     in_flight: int = 0  # requests the gateway has sent and not finished
     queue_depth: int = 0  # requests waiting in the gateway's queue for this target
@@ -53,19 +51,14 @@ class TargetSnapshot:
     abs_ttft_error_ms: float | None = None  # EWMA of |actual - predicted| TTFT
 
     def healthy(self, now: float) -> bool:
-        if self.unhealthy_until is not None and now < self.unhealthy_until:
-            return False
-        failing = self.samples >= UNHEALTHY_MIN_SAMPLES and self.error_rate >= UNHEALTHY_ERROR_RATE
-        return not (failing and self.last_error_at is not None
-                    and now - self.last_error_at < RETRY_UNHEALTHY_AFTER_S)
+        """False only while its active health checks have it down: failures of requests
+        eject it instead (`routing.outliers`, bounded by `max_ejection_percent`)."""
+        return self.unhealthy_until is None or now >= self.unhealthy_until
 
     def back_at(self) -> float | None:
         """When routing will try this unhealthy target again, and not before the backend
         asked to be left alone (its `Retry-After`); None when nothing holds it back."""
         times = [t for t in (self.unhealthy_until, self.retry_after_until) if t is not None]
-        if self.last_error_at is not None and self.samples >= UNHEALTHY_MIN_SAMPLES \
-                and self.error_rate >= UNHEALTHY_ERROR_RATE:
-            times.append(self.last_error_at + RETRY_UNHEALTHY_AFTER_S)
         return max(times) if times else None
 
     def load_is_fresh(self, now: float) -> bool:
@@ -147,16 +140,26 @@ class LiveStats:
 
     # -- fed by the gateway around each upstream call -------------------------
 
-    def request_started(self, key: str) -> None:
+    def request_queued(self, key: str) -> None:
+        """An attempt waits in the gateway's queue for `key` (its slot not yet given)."""
+        values, _ = self._update(key)
+        values["queue_depth"] = values["queue_depth"] + 1
+
+    def request_left_queue(self, key: str) -> None:
+        """A queued attempt gave up (refused, cancelled, its deadline passed)."""
+        values, _ = self._update(key)
+        values["queue_depth"] = max(0, values["queue_depth"] - 1)
+
+    def request_started(self, key: str, *, queued: bool = False) -> None:
+        """An attempt got its slot and is sent; `queued`: it had waited (`request_queued`)."""
         values, _ = self._update(key)
         values["in_flight"] = values["in_flight"] + 1
+        if queued:
+            values["queue_depth"] = max(0, values["queue_depth"] - 1)
 
     def request_finished(self, key: str) -> None:
         values, _ = self._update(key)
         values["in_flight"] = max(0, values["in_flight"] - 1)
-
-    def set_queue_depth(self, key: str, depth: int) -> None:
-        self._update(key)[0]["queue_depth"] = max(0, depth)
 
     def set_backend_load(self, key: str, now: float, *, waiting: int | None,
                          running: int | None, kv_cache_use: float | None = None) -> None:
@@ -172,19 +175,31 @@ class LiveStats:
         self._ejected[key] = until
         self._snapshot = None
 
+    def forget(self, key: str) -> None:
+        """`key` is gone for good (a replica that left its fleet)."""
+        self._targets.pop(key, None)
+        self._ejected.pop(key, None)
+        self._snapshot = None
+
     def restore(self, key: str) -> None:
         if self._ejected.pop(key, None) is not None:
             self._snapshot = None
 
     def record_error(self, key: str, now: float, *, retry_after_s: float | None = None,
                      ) -> None:
-        """A connect error, timeout, 5xx or 429 from the target; `retry_after_s`: how
-        long it asked to be left alone (its `Retry-After`)."""
+        """A connect error, timeout or 5xx from the target; `retry_after_s`: how long it
+        asked to be left alone (its `Retry-After`)."""
         values, _ = self._update(key)
         values.update(samples=values["samples"] + 1, last_error_at=now,
                       error_rate=_ewma(values["error_rate"], 1.0, ERROR_ALPHA))
         if retry_after_s is not None:
             values["retry_after_until"] = now + retry_after_s
+
+    def record_busy(self, key: str, now: float, *, retry_after_s: float | None) -> None:
+        """A 429 from the target: an answer (it is up, not broken), so no error; its
+        `Retry-After` is waited out in the predicted queue time (`routing.predict`)."""
+        values, _ = self._update(key)
+        values["retry_after_until"] = None if retry_after_s is None else now + retry_after_s
 
     def record_success(self, key: str, *, network_ms: float | None, ttft_ms: float | None,
                        total_ms: float | None, output_tokens: int,

@@ -20,8 +20,8 @@ from gateway.batches.metrics import BatchMetrics
 from gateway.batches.service import BatchService
 from gateway.core.context import Endpoint
 from gateway.core.drain import DRAIN
-from gateway.core.hooks import Hooks
 from gateway.core.live_policy import LivePolicy
+from gateway.plugin import Hooks
 from gateway.queueing.http import QUEUES
 from gateway.settings import default_data_dir
 from gateway.telemetry.service import Telemetry

@@ -18,7 +18,7 @@ from gateway.core.content import StreamText, completion_text
 from gateway.core.inference_time import from_body, from_headers
 from gateway.core.record import ERROR_TEXT_CHARS, AttemptRecord, RequestRecord
 from gateway.core.timing import RequestTimings
-from gateway.core.usage import reported_tokens
+from gateway.core.usage import cached_tokens, reported_tokens
 from policies.load import ModelTarget
 
 # Compact JSON, as most OpenAI-compatible servers send it: counted with C-speed byte
@@ -45,6 +45,9 @@ def note_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:
     tokens_in, tokens_out = reported_tokens(usage)
     if tokens_in is not None:
         record.input_tokens = tokens_in
+    cached = cached_tokens(usage)
+    if cached is not None:
+        record.cached_input_tokens = cached
     if tokens_out is not None:
         record.output_tokens = tokens_out
 

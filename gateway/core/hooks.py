@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
-from gateway.core.auth import ManagedKeys
 from gateway.core.context import Attempt, RequestContext
 from gateway.core.errors import ModelNotFound
 from policies.load import ModelTarget
@@ -110,16 +108,3 @@ def route_targets_in_order(ctx: RequestContext) -> Sequence[ModelTarget]:
     if target is None:
         raise ModelNotFound(f"The model '{ctx.model}' does not exist.", param="model")
     return [target]
-
-
-@dataclass(frozen=True, slots=True)
-class Hooks:
-    """Fixed once the plug-ins are installed (`gateway.plugin.assemble`)."""
-
-    admission: Admission = field(default_factory=NoAdmission)
-    router: Router = route_targets_in_order
-    queue: QueueSlots = field(default_factory=NoQueue)
-    cache: Cache[Any] = field(default_factory=NoCache)
-    observers: tuple[Observer, ...] = ()
-    managed_keys: ManagedKeys | None = None  # found past the policy's keys (gateway/keys)
-    max_attempts: int = 3  # candidates tried per request, the primary included

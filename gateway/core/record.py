@@ -81,6 +81,7 @@ class AttemptRecord:
     failure: str | None = None  # its kind's metric reason (`failures.UpstreamFailure`)
     deadline_ms: int | None = None  # the budget left as it was sent
     ended: bool = False
+    replica: str | None = None  # host:port of the fleet replica it was sent to
 
     @property
     def answered(self) -> bool:
@@ -131,6 +132,7 @@ class RequestRecord:
     response_model: str | None = None
     response_id: str | None = None
     input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # of input_tokens, read from the prefix cache
     output_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
     cost_micros: int | None = None  # what settlement charged (the ledger's figure)

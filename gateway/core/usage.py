@@ -30,3 +30,13 @@ def reported_tokens(usage: Mapping[str, Any]) -> tuple[int | None, int | None]:
     if tokens_in is not None and "prompt_tokens" not in usage:
         tokens_in += sum(_count(usage, name) or 0 for name in _ANTHROPIC_CACHED_INPUT)
     return tokens_in, _count(usage, "completion_tokens", "output_tokens")
+
+
+def cached_tokens(usage: Mapping[str, Any]) -> int | None:
+    """Prompt tokens the backend read from its prefix cache: OpenAI's (and vLLM's, the
+    local backend's) `prompt_tokens_details.cached_tokens`, Anthropic's
+    `cache_read_input_tokens`; None where the usage does not say."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, Mapping):
+        return _count(details, "cached_tokens")
+    return _count(usage, "cache_read_input_tokens")

@@ -11,6 +11,7 @@ served to an admin key only. The page takes the key from its URL fragment
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from aiohttp import web
 from gateway.core.auth import require_admin
 from gateway.core.live_policy import LivePolicy
 from gateway.route.admin import target_states
+from gateway.route.replica_watch import FLEETS
 from gateway.telemetry.live import LiveWindow
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +52,9 @@ def dashboard_routes(live: LiveWindow, *, policy: LivePolicy | None = None,
             data.update(state())
         if policy is not None:  # each target's ejection state, in-flight count, error rate
             data["targets"] = target_states(request.app, policy.current)
+        fleets = request.app.get(FLEETS)
+        if fleets is not None and fleets.fleets:  # per replica: load, health, cache hits
+            data["fleets"] = fleets.report(time.monotonic())
         return web.Response(body=orjson.dumps(data), content_type="application/json",
                             headers=_NO_STORE)
 

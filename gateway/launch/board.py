@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.upstream.pool import UpstreamPool
+from gateway.launch.supervisor import LaunchedBackends
 from policies.capabilities import ModelCapabilities
 
 log = logging.getLogger("routegate.workers")
@@ -53,7 +53,7 @@ class LaunchBoard:
         os.replace(partial, self.path)  # a reader sees the old file or the new one
 
 
-def apply_board(data: bytes, pool: UpstreamPool) -> None:
+def apply_board(data: bytes, pool: LaunchedBackends) -> None:
     for name, state in orjson.loads(data).items():
         if "url" in state:
             reported = state.get("capabilities")
@@ -63,7 +63,8 @@ def apply_board(data: bytes, pool: UpstreamPool) -> None:
             pool.set_down(name, state["down"])
 
 
-async def follow_board(path: Path, pool: UpstreamPool, *, poll_s: float = POLL_S) -> None:
+async def follow_board(path: Path, pool: LaunchedBackends, *,
+                       poll_s: float = POLL_S) -> None:
     """Apply the board to `pool` now and whenever it changes, until cancelled."""
     seen: bytes | None = None
     while True:
@@ -78,7 +79,7 @@ async def follow_board(path: Path, pool: UpstreamPool, *, poll_s: float = POLL_S
         await asyncio.sleep(poll_s)
 
 
-def board_context(path: Path, pool: UpstreamPool
+def board_context(path: Path, pool: LaunchedBackends
                   ) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
     """An `app.cleanup_ctx` entry following the board for the app's lifetime."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ from gateway.settings import Settings
 from policies.capabilities import ModelCapabilities, from_report
 from policies.load import Policy
 from policies.schema import LaunchSpec
+
+
+def child_names(name: str, replicas: int) -> list[str]:
+    """A backend's children: its own name for one, `name#i` for each of several."""
+    return [name] if replicas <= 1 else [f"{name}#{i}" for i in range(replicas)]
 
 log = logging.getLogger("routegate.supervisor")
 
@@ -85,8 +91,10 @@ class Supervisor:
         self.policy = policy
         if self._http is None:  # not started (supervision off), or stopped
             return
-        wanted = {name: backend.launch for name, backend in policy.file.backends.items()
-                  if backend.launch is not None and backend.enabled}
+        # a backend with `replicas: N` is N children, `name#0` … (gateway/route/replica_launch)
+        wanted = {child: backend.launch for name, backend in policy.file.backends.items()
+                  if backend.launch is not None and backend.enabled
+                  for child in child_names(name, backend.launch.replicas)}
         stopped: dict[str, asyncio.Task[None]] = {}
         for name, (task, launch) in list(self._running.items()):
             if wanted.get(name) == launch:
@@ -143,6 +151,9 @@ class Supervisor:
         port = free_port()
         command = [*self.settings.launch_command, "--model", launch.model,
                    "--host", "127.0.0.1", "--port", str(port), *launch.args]
+        if launch.replicas > 1 and "--threads" not in launch.args:
+            # replicas share the machine's cores rather than each taking all of them
+            command += ["--threads", str(max(1, (os.cpu_count() or 1) // launch.replicas))]
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL)

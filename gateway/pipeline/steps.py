@@ -47,7 +47,7 @@ from gateway.core.errors import (
     log_error,
 )
 from gateway.core.failures import UpstreamFailure
-from gateway.core.hooks import Admitted, Hooks
+from gateway.core.hooks import Admitted
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
 from gateway.core.whole_response import WholeResponse
@@ -57,6 +57,7 @@ from gateway.pipeline.relay import CLIENT_CLOSED, relay_body, relay_stream
 from gateway.pipeline.request_body import json_object, model_name, read_limited
 from gateway.pipeline.request_facts import note_decision, note_request
 from gateway.pipeline.retries import RetryPolicy
+from gateway.plugin import Hooks
 from gateway.queueing.slot_hook import BackendSaturated, priority_of
 from gateway.telemetry.service import Telemetry
 from gateway.upstream.openai import PRIORITY_HEADER
@@ -296,6 +297,8 @@ class Pipeline:
                     late.append(f"{target.key}: {misfit}")
                     continue
             upstream = self.pool.get(target.backend_name, target.backend)
+            if upstream is not None and self.hooks.replicas is not None:
+                upstream = self.hooks.replicas.choose(ctx, target, upstream)
             if upstream is None:
                 reason = self.pool.unavailable_reason(target.backend_name)
                 unavailable.append(f"{target.key}: {reason}")

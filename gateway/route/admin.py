@@ -26,6 +26,7 @@ from gateway.core.auth import require_admin
 from gateway.core.live_policy import LivePolicy
 from gateway.route.health import HEALTH
 from gateway.route.hook import ROUTING
+from gateway.route.replica_watch import FLEETS
 from gateway.upstream.pool import UpstreamPool
 from policies.load import Policy
 
@@ -45,8 +46,8 @@ def target_states(app: web.Application, policy: Policy) -> dict[str, dict[str, A
     for key in policy.targets:
         target = stats.target(key)
         state = {**report.get(key, _IN_SERVICE), "in_flight": target.in_flight,
-                 "error_rate": round(target.error_rate, 3)}
-        if state["state"] != "in_service" and key in sole:
+                 "queue_depth": target.queue_depth, "error_rate": round(target.error_rate, 3)}
+        if state["state"] in ("ejected", "probing") and key in sole:
             # out for everyone else, still serving the tenants it is all they may use
             state["state"], state["degraded_for"] = "degraded", sole[key]
         states[key] = state
@@ -81,10 +82,15 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool) -> None:
         states = target_states(request.app, policy)
         checker = request.app.get(HEALTH)
         health = checker.report(monotonic()) if checker is not None else {}
+        fleets = request.app.get(FLEETS)
+        replicas = fleets.report(monotonic()) if fleets is not None else {}
         backends = {name: {"status": status, "health": health.get(name), "targets": {
             key: state for key, state in states.items()
             if policy.targets[key].backend_name == name}}
             for name, status in backend_states(request.app, policy, pool).items()}
+        for name, fleet in replicas.items():  # per replica: load, health, cache hits
+            if name in backends:
+                backends[name]["fleet"] = fleet
         return web.Response(body=orjson.dumps({"backends": backends}),
                             content_type="application/json")
 

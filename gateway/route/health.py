@@ -4,9 +4,11 @@ of routing while it fails (`backends.<name>.health_check`).
     dedicated backend   GET <scheme://host:port>/health      (local_backend, vLLM, TGI)
     shared API          off unless enabled; then GET <url>/models (cheap, authenticated)
 
-A check passes on any 2xx within `timeout_s`. `unhealthy_threshold` failures in a row
-mark every target of the backend down (`LiveStats.mark_unhealthy`, routing's
-`backend_unhealthy`); `healthy_threshold` passes in a row bring them back. Each check
+A check passes on any 2xx within `timeout_s`. Every result goes into the one health
+model of the backend's targets (`routing.outliers.Ejections`): `unhealthy_threshold`
+failures in a row take them down (routing's `backend_unhealthy`), `healthy_threshold`
+passes in a row bring them back, and a check is the probe of a target whose ejection
+time is up. Each check
 is bounded by its timeout and at most one runs per backend at a time; the loop is owned
 by the app's `cleanup_ctx`.
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,9 +28,10 @@ from aiohttp import web
 
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
+from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
-from routing.stats import LiveStats
+from routing.outliers import Ejections
 
 log = logging.getLogger("routegate.backend_health")
 
@@ -80,8 +82,8 @@ def auth_headers(backend: Backend) -> dict[str, str]:
 
 
 class HealthChecker:
-    def __init__(self, live: LivePolicy, pool: UpstreamPool, stats: LiveStats) -> None:
-        self.live, self.pool, self.stats = live, pool, stats
+    def __init__(self, live: LivePolicy, pool: UpstreamPool, ejections: Ejections) -> None:
+        self.live, self.pool, self.ejections = live, pool, ejections
         self.backends: dict[str, BackendHealth] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
 
@@ -96,7 +98,8 @@ class HealthChecker:
     def start_due(self, session: aiohttp.ClientSession, now: float) -> None:
         policy = self.live.current
         for name, backend in policy.file.backends.items():
-            if not backend.enabled or not checks_enabled(backend) or name in self._running:
+            if not backend.enabled or not checks_enabled(backend) or name in self._running \
+                    or is_fleet(backend):  # checked per replica (replica_watch.py)
                 continue
             health = self.backends.setdefault(name, BackendHealth())
             if now < health.due_at:
@@ -137,18 +140,19 @@ class HealthChecker:
             if not health.healthy and health.passes >= settings.healthy_threshold:
                 health.healthy = True
                 log.info("backend %s passes its health checks again", name)
-                self._mark(name, backend, None)
         else:
             health.passes, health.failures = 0, health.failures + 1
             if health.healthy and health.failures >= settings.unhealthy_threshold:
                 health.healthy = False
                 log.warning("backend %s is failing its health checks: %s", name,
                             escaped(error))  # may quote the backend's answer
-                self._mark(name, backend, math.inf)
-
-    def _mark(self, name: str, backend: Backend, until: float | None) -> None:
+        detection = self.live.current.file.resilience.outlier_detection
         for model in backend.models:
-            self.stats.mark_unhealthy(f"{name}/{model}", until)
+            key = f"{name}/{model}"
+            if error is None:
+                self.ejections.check_passed(key, now, back_up=health.healthy)
+            else:
+                self.ejections.check_failed(key, now, detection, down=not health.healthy)
 
     async def run(self) -> None:
         async with aiohttp.ClientSession() as session:
@@ -167,8 +171,8 @@ HEALTH = web.AppKey("routegate.backend_health", HealthChecker)
 
 
 def install(app: web.Application, live: LivePolicy, pool: UpstreamPool,
-            stats: LiveStats) -> HealthChecker:
-    checker = HealthChecker(live, pool, stats)
+            ejections: Ejections) -> HealthChecker:
+    checker = HealthChecker(live, pool, ejections)
     app[HEALTH] = checker
 
     async def checking(_: web.Application) -> AsyncIterator[None]:

@@ -3,14 +3,17 @@
     route step      features (tokens, PII, budget) → Router.decide → ordered candidates;
                     a rejection becomes the client's error (403 / 503 naming why);
                     PII under `redact` is replaced in the body before it goes upstream
-    each attempt    the target's in-flight count (waiting in the gateway's queue or
-                    running), so predictions see the load this process puts on it
+    each attempt    the target's queue depth (waiting in the gateway's queue) and
+                    in-flight count (sent), so predictions see the load this process
+                    puts on it
     after attempt   TTFT, decode rate and errors into `LiveStats`; the prediction error
                     as a metric;
                     connect errors, timeouts and 5xx in a row eject the target
-                    (`routing.outliers`), and the first attempt after an ejection
-                    is its probe; an attempt the request's own deadline cut short
-                    counts neither way (the gateway's limit, not the target's fault)
+                    (`routing.outliers`, the one health model), and the first attempt
+                    after an ejection is its probe; a 429 is an answer (never a
+                    failure), its `Retry-After` a predicted wait; an attempt the
+                    request's own deadline cut short counts neither way (the gateway's
+                    limit, not the target's fault)
     every response  `x-routegate-route` (the backend/model that answered or was tried
                     last) and `x-routegate-decision` (the decision id), through the
                     request's `response_headers`
@@ -22,7 +25,7 @@ request that runs under the new policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from random import random
@@ -41,12 +44,13 @@ from gateway.core.errors import (
     NoBackendAvailable,
     RateLimited,
 )
+from gateway.core.failures import RateLimited as BackendRateLimited
 from gateway.core.hooks import QueueSlots
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
 from routing.capabilities import Learned, bits_for_param
-from routing.compliance import REASON_UNHEALTHY
+from routing.compliance import REASON_EJECTED, REASON_UNHEALTHY
 from routing.decide import Candidate, Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
 from routing.outliers import Ejections
@@ -81,6 +85,8 @@ class RoutingHook:
         self._learned_under: Policy | None = None
         # the app's metrics (ejections, prediction errors), set as the app starts
         self.metrics: GatewayMetrics | None = None
+        # share of the prompt each fleet target likely holds (`replica_call.py`), if any
+        self.cached_share: Callable[[RequestContext], Mapping[str, float] | None] | None = None
 
     def _for(self, policy: Policy) -> _Compiled:
         compiled = self._compiled
@@ -141,6 +147,8 @@ class RoutingHook:
             if exc.not_found:
                 raise ModelNotFound(str(exc), param=exc.param) from exc
             raise BadRequest(str(exc), param=exc.param) from exc
+        if self.cached_share is not None:
+            features.cached_share = self.cached_share(ctx)
         # the draws a route's `spread` picks with (routing has no random source)
         decision = compiled.router.decide(features, stats, monotonic(),
                                           decision_id=ctx.request_id, draws=(random(), random()))
@@ -187,8 +195,13 @@ class RoutingHook:
         if failure is not None and failure.cannot is not None:  # a capability it lacks
             self._learn(ctx, attempt)
             return
-        if failure is not None:
+        if broken:
+            assert failure is not None
             self.stats.record_error(key, now, retry_after_s=failure.retry_after_s)
+            return
+        if failure is not None:
+            if isinstance(failure, BackendRateLimited):  # busy, not broken: a wait
+                self.stats.record_busy(key, now, retry_after_s=failure.retry_after_s)
             return
         started = ctx.attempt_started_s
         if started is None:
@@ -247,12 +260,13 @@ class _CountedSlot:
 
     async def __aenter__(self) -> None:
         ctx, target = self._ctx, self._target
-        self._stats.request_started(target.key)
+        self._stats.request_queued(target.key)  # routing's `queue_depth` until it has a slot
         try:
             await self._inner.__aenter__()
         except BaseException:
-            self._stats.request_finished(target.key)
+            self._stats.request_left_queue(target.key)
             raise
+        self._stats.request_started(target.key, queued=True)
         ctx.attempt_started_s = ctx.timing.clock()
         self._hook.ejections.attempt_started(
             target.key, monotonic(), ctx.policy.file.resilience.outlier_detection)
@@ -297,10 +311,14 @@ def _error(rejection: Rejection, back_in_s: float | None) -> GatewayError:
 
 
 def _back_in_s(decision: RouteDecision, stats: StatsSnapshot, now: float) -> float | None:
-    """Seconds until the first candidate left out as unhealthy is tried again (never
-    before its backend's own `Retry-After`); None when none was left out for that."""
+    """Seconds until the first candidate left out as unhealthy or ejected is tried again
+    (never before its backend's own `Retry-After`); None when none was left out for
+    that, or none has a known time (a backend down until its checks pass)."""
     times = [back for excluded in decision.excluded if excluded.reason == REASON_UNHEALTHY
              if (back := stats.target(excluded.key).back_at()) is not None]
+    times += [stats.ejected[excluded.key] for excluded in decision.excluded
+              if excluded.reason == REASON_EJECTED and excluded.key in stats.ejected]
+    times = [back for back in times if math.isfinite(back)]
     return min(times) - now if times else None
 
 

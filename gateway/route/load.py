@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.core.live_policy import LivePolicy
+from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats
 
@@ -79,8 +80,8 @@ class BackendLoadPoller:
         policy = self.live.current
         jobs = []
         for name, backend in policy.file.backends.items():
-            if not backend.enabled or backend.deployment != "dedicated":
-                continue
+            if not backend.enabled or backend.deployment != "dedicated" or is_fleet(backend):
+                continue  # a fleet's replicas are read one by one (replica_watch.py)
             adapter = self.pool.get(name, backend)
             if adapter is None:
                 continue

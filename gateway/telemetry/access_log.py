@@ -45,6 +45,8 @@ class AccessRecord:
     decision_reason: str | None = None
     error_code: str | None = None
     input_tokens: int | None = None
+    cached_tokens: int | None = None  # of input_tokens, from the backend's prefix cache
+    replica: str | None = None  # the fleet replica that served it
     output_tokens: int | None = None
     cost_usd: float | None = None
     batch_id: str | None = None  # a Batch API line's batch
@@ -61,6 +63,8 @@ class AccessRecord:
             backend=record.backend, model=record.model, stream=record.stream,
             attempts=len(record.attempts), decision_reason=record.reason,
             error_code=record.error_code, input_tokens=record.input_tokens,
+            cached_tokens=record.cached_input_tokens,
+            replica=record.attempt.replica if record.attempt is not None else None,
             output_tokens=record.output_tokens, cost_usd=record.cost_usd,
             batch_id=record.batch_id,
             timing=cls.timing_of(record.split))

@@ -100,7 +100,8 @@ class UpstreamPool:
         if kind is None:
             self._down_reasons.setdefault(name, f"no adapter for backend type '{backend.type}'")
             return None
-        url = backend.url or self._launched_urls.get(name)
+        # a fleet's first listed replica: the fleet's own calls pick per request
+        url = backend.url or self._launched_urls.get(name) or next(iter(backend.urls), None)
         if url is None:
             return None
         if adapter is not None:
@@ -128,7 +129,8 @@ class UpstreamPool:
 
     def is_up(self, name: str, backend: Backend) -> bool:
         """Whether requests can be sent to `backend` now (a launched one once it answers)."""
-        return backend.type in ADAPTERS and bool(backend.url or name in self._launched_urls)
+        return backend.type in ADAPTERS and bool(backend.url or backend.urls
+                                                 or name in self._launched_urls)
 
     def unavailable_reason(self, name: str) -> str:
         return self._down_reasons.get(name, f"backend '{name}' has no URL yet")

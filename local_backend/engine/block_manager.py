@@ -90,7 +90,7 @@ class BlockManager:
         full = (len(tokens) - 1) // size
         hits: list[int] = []
         hashes: list[int] = []
-        parent: int | None = None
+        parent: int | None = seq.cache_root
         for i in range(full):
             chunk = tokens[i * size : (i + 1) * size]
             parent = self.hash_fn(parent, chunk)
@@ -151,7 +151,7 @@ class BlockManager:
         if full <= len(seq.block_hashes):
             return
         tokens = seq.tokens
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        parent = seq.block_hashes[-1] if seq.block_hashes else seq.cache_root
         for i in range(len(seq.block_hashes), full):
             chunk = tokens[i * size : (i + 1) * size]
             parent = self.hash_fn(parent, chunk)

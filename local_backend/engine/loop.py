@@ -118,6 +118,7 @@ class Engine:
         arrival: float | None = None,
         deadline: float | None = None,
         priority: int = 1,
+        cache_salt: str | None = None,
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; its outputs arrive on the returned queue. Call from the event loop.
         `deadline` (engine clock): when nobody waits for the answer any more; a sequence
@@ -141,7 +142,7 @@ class Engine:
         params = dataclasses.replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids)
         seq = Sequence(request_id, list(prompt_ids), params,
                        Timings(arrival=self.clock() if arrival is None else arrival),
-                       deadline=deadline, priority=priority)
+                       deadline=deadline, priority=priority, cache_salt=cache_salt)
         # Unbounded in type only: it holds at most one output per step, max_tokens + 1 in all.
         out: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))

@@ -43,6 +43,9 @@ class Sequence:
     preemptions: int = 0
     deadline: float | None = None  # engine clock; past it the sequence ends ("deadline")
     priority: int = 1  # the band asked for: lower runs first (the gateway's tenant band)
+    # the caller's `cache_salt`: seeds its block hashes, so its prefix blocks are found
+    # only by requests with the same salt (a gateway sends one per tenant)
+    cache_salt: str | None = None
     band: int = 1  # the band it is scheduled by: `priority`, raised by waiting (aging)
     band_since: float = 0.0  # when it entered `band` (engine clock)
     order: int = 0  # arrival order in the engine, the last tie-break
@@ -53,6 +56,11 @@ class Sequence:
     # text starts in `text`, its logprobs). A token whose text a stop string cuts off
     # is never reported.
     held_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
+
+    @property
+    def cache_root(self) -> int | None:
+        """The hash the first block's hash chains from: None, or the salt's."""
+        return None if self.cache_salt is None else hash(("cache_salt", self.cache_salt))
 
     @property
     def tokens(self) -> list[int]:

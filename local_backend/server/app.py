@@ -213,7 +213,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         for index, choice_id in enumerate(choice_ids):
             queues.append(engine.add_request(choice_id, prompt_ids,
                                              choice_params(req.params, index), arrival=arrival,
-                                             deadline=deadline, priority=priority))
+                                             deadline=deadline, priority=priority,
+                                             cache_salt=req.cache_salt))
     except (QueueFull, RequestRejected) as exc:
         for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
             engine.abort(choice_id)

@@ -27,7 +27,8 @@ MAX_CHOICES = 16  # `n`: each choice is a sequence in the running batch
 _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
                        "stream", "stream_options", "seed", "presence_penalty",
                        "frequency_penalty", "logit_bias", "user", "ignore_eos", "logprobs",
-                       "priority"})  # the band (request_priority.py), as vLLM takes it
+                       "priority",  # the band (request_priority.py), as vLLM takes it
+                       "cache_salt"})  # seeds the prefix cache's block hashes, as vLLM
 CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                            "tool_choice", "parallel_tool_calls", "response_format",
                            "modalities", "metadata", "store"}
@@ -79,6 +80,7 @@ class ParsedRequest:
     include_usage: bool
     echo_logprobs: bool  # chat-style logprobs (chat) or legacy (completions)
     n: int = 1  # choices, each generated as its own sequence from the same prompt
+    cache_salt: str | None = None  # prefix-cache blocks are shared only under one salt
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -189,8 +191,21 @@ def parse(body: Any, *, chat: bool, defaults: GenerationConfig | None = None) ->
         params=params, stream=_flag(body, "stream"),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         echo_logprobs=logprobs is not None,
-        n=n,
+        n=n, cache_salt=_salt(body),
     )
+
+
+MAX_SALT_CHARS = 256
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_SALT_CHARS:
+        raise bad_request(f"'cache_salt' must be a non-empty string of at most "
+                          f"{MAX_SALT_CHARS} characters", "cache_salt")
+    return salt
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--threads", type=int)  # as local_backend takes it (replicas)
     args = parser.parse_args(argv)
     if args.fail:
         print("child_backend: failing on purpose", file=sys.stderr)

@@ -160,20 +160,21 @@ async def test_a_backend_whose_connections_are_all_stuck_falls_back_under_pressu
     assert Counter(statuses) == {200: 150}
 
 
-async def test_a_503_for_backends_marked_down_after_429s_says_when_to_come_back(
+async def test_backends_answering_429_stay_in_routing_and_the_client_learns_when_to_retry(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    # a 429 is an answer, not a failure: no backend is marked down for it
     first = await start_upstream(Behaviour(status=429, retry_after="30"))
     second = await start_upstream(Behaviour(status=429, retry_after="20"))
     gateway = await start_gateway(two_backend_policy(first.url, second.url))
 
     async with aiohttp.ClientSession() as session:
-        statuses = []
-        for _ in range(4):  # each 429 counts against both: unhealthy after three
+        statuses, retry_afters = [], []
+        for _ in range(4):
             async with session.post(gateway.url + "/v1/chat/completions",
                                     json=BODY) as response:
                 statuses.append(response.status)
-                retry_after = response.headers.get("Retry-After")
+                retry_afters.append(response.headers.get("Retry-After"))
 
-    assert statuses == [429, 429, 429, 503]
-    # the first backend back is the one that asked for 20 s
-    assert retry_after is not None and 15 <= int(retry_after) <= 20
+    assert statuses == [429] * 4
+    assert len(first.received) + len(second.received) >= 4
+    assert all(value is not None and 1 <= int(value) <= 30 for value in retry_afters)

@@ -128,3 +128,41 @@ async def test_admin_backends_needs_an_admin_key(start_upstream: StartUpstream,
             gateway.url + "/admin/backends") as response:
         assert response.status == 401
         assert (await response.json())["error"]["code"] == "missing_api_key"
+
+
+async def test_failures_fewer_than_consecutive_failures_leave_the_target_in_routing(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    failing = await start_upstream(Behaviour(status=503), name="failing")
+    healthy = await start_upstream(name="healthy")
+    gateway = await start_gateway(policy(failing.url, healthy.url, consecutive_failures=5))
+
+    assert await statuses(gateway, 10) == [200] * 10
+    assert len(failing.received) == 5  # every failure up to the fifth, then ejected
+
+
+async def test_a_burst_of_errors_on_every_target_ejects_no_more_than_the_cap(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    upstreams = [await start_upstream(Behaviour(status=500), name=f"failing-{i}")
+                 for i in range(3)]
+    three = policy(upstreams[0].url, upstreams[1].url, max_ejection_percent=34)
+    three["backends"]["c"] = {**three["backends"]["b"], "url": upstreams[2].url}
+    three["routes"]["chat"]["targets"] = ["a/m", "b/m", "c/m"]
+    gateway = await start_gateway(three)
+
+    assert set(await statuses(gateway, 12)) == {502}  # each one tried, none refused unsent
+    before = sum(len(upstream.received) for upstream in upstreams)
+    assert await statuses(gateway, 2) == [502] * 2
+    # two of three still tried: 34 % of the route may be out, never more
+    assert sum(len(upstream.received) for upstream in upstreams) > before
+
+
+async def test_a_429_is_an_answer_for_every_view_of_health(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    limited = await start_upstream(Behaviour(status=429), name="limited")
+    healthy = await start_upstream(name="healthy")
+    gateway = await start_gateway(policy(limited.url, healthy.url))
+
+    assert await statuses(gateway, 5) == [200] * 5
+    assert len(limited.received) == 5  # never left out of routing
+    target = (await get(gateway, "/admin/backends"))["backends"]["a"]["targets"]["a/m"]
+    assert target["state"] == "in_service" and target["error_rate"] == 0.0

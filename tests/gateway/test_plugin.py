@@ -10,8 +10,8 @@ from aiohttp import web
 from gateway.app import HOOKS, PLUGINS, create_app
 from gateway.core.context import Attempt, RequestContext
 from gateway.core.drain import Drain
-from gateway.core.hooks import Hooks, NoAdmission
-from gateway.plugin import HookTaken, Provides, Wiring
+from gateway.core.hooks import NoAdmission
+from gateway.plugin import Hooks, HookTaken, Provides, Wiring
 from tests.conftest import as_policy, single_backend_policy
 
 

@@ -112,3 +112,64 @@ def test_ejection_never_takes_a_tenants_last_compliant_target() -> None:
     assert keys(decision) == [KEY]  # out for everyone else, still acme's
     assert KEY not in keys(router.decide(REQUEST, stats.snapshot(), 5.0))
     assert router.sole_targets() == {KEY: ["acme on chat"]}
+
+
+def test_a_passing_health_check_is_the_probe_once_the_ejection_time_is_up() -> None:
+    stats, ejections = ejected_after_failures()
+    ejections.check_passed(KEY, 5.0, back_up=True)
+    assert ejections.state(KEY, 5.0) == "ejected"  # not before its time
+    ejections.check_passed(KEY, 11.0, back_up=True)
+    assert ejections.state(KEY, 11.0) == "in_service" and stats.snapshot().ejected == {}
+
+
+def test_a_failing_health_check_after_the_ejection_time_ejects_again_for_longer() -> None:
+    stats, ejections = ejected_after_failures()
+    ejections.check_failed(KEY, 11.0, SETTINGS, down=False)
+    assert stats.snapshot().ejected == {KEY: 31.0}
+
+
+def test_health_checks_take_a_target_down_until_they_pass_again() -> None:
+    stats = LiveStats()
+    ejections = Ejections(stats)
+    ejections.check_failed(KEY, 0.0, SETTINGS, down=True)
+    assert ejections.state(KEY, 0.0) == "unhealthy"
+    assert not stats.snapshot().target(KEY).healthy(1e9)
+    ejections.check_passed(KEY, 1.0, back_up=False)
+    assert ejections.state(KEY, 1.0) == "unhealthy"
+    ejections.check_passed(KEY, 2.0, back_up=True)
+    assert ejections.state(KEY, 2.0) == "in_service" and stats.snapshot().target(KEY).healthy(2.0)
+
+
+def test_errors_below_consecutive_failures_never_take_a_target_out_of_routing() -> None:
+    # the retired error-rate breaker excluded a target after its second error in a row
+    stats = LiveStats()
+    ejections = Ejections(stats)
+    stats.record_success(KEY, network_ms=None, ttft_ms=None, total_ms=None, output_tokens=0)
+    for second in range(SETTINGS.consecutive_failures - 1):
+        stats.record_error(KEY, float(second))
+        ejections.failed(KEY, float(second), SETTINGS)
+    decision = Router(policy()).decide(REQUEST, stats.snapshot(), 3.0)
+    assert KEY in keys(decision) and KEY not in reasons(decision)
+
+
+def test_the_percent_cap_holds_when_every_target_fails_at_once() -> None:
+    stats = LiveStats()
+    ejections = Ejections(stats)
+    everyone = keys(Router(policy()).decide(REQUEST, stats.snapshot(), 0.0))
+    for key in everyone:
+        for _ in range(10):
+            stats.record_error(key, 0.0)
+            ejections.failed(key, 0.0, SETTINGS)
+    decision = Router(policy()).decide(REQUEST, stats.snapshot(), 1.0)
+    out = [key for key, reason in reasons(decision).items() if reason == "ejected"]
+    assert len(out) == max_ejected(len(everyone), SETTINGS.max_ejection_percent)
+    assert len(keys(decision)) == len(everyone) - len(out) > 0
+
+
+def test_a_forgotten_target_leaves_nothing_behind() -> None:
+    stats, ejections = ejected_after_failures()
+    ejections.check_failed("gone/m", 0.0, SETTINGS, down=True)
+    ejections.forget(KEY)
+    ejections.forget("gone/m")
+    assert ejections.report(1.0) == {} and stats.snapshot().ejected == {}
+    assert stats.snapshot().targets == {}

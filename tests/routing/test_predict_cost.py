@@ -79,3 +79,21 @@ def test_the_hot_path_cost_agrees_with_the_cost_model() -> None:
         decode = predict(model, 1234, 321, snap, 0.0).decode_tokens_per_s
         assert estimate(model, 1234, 321, snap, 0.0)[4] == \
             predicted_cost_micros(model, 1234, 321, decode)
+
+
+def test_predicted_ttft_grows_with_the_gateways_queue_on_top_of_the_backends_own() -> None:
+    stats = LiveStats()
+    stats.set_backend_load(LOCAL.key, 0.0, waiting=2, running=4)
+    ttfts = []
+    for _ in range(3):
+        ttfts.append(predict(LOCAL, 400, 100, stats.snapshot().target(LOCAL.key), 0.0).ttft_ms)
+        stats.request_queued(LOCAL.key)
+    assert ttfts[0] < ttfts[1] < ttfts[2]
+
+
+def test_a_429s_retry_after_is_a_predicted_wait_not_an_exclusion() -> None:
+    stats = LiveStats()
+    stats.record_busy(SHARED.key, 10.0, retry_after_s=2.0)
+    target = stats.snapshot().target(SHARED.key)
+    assert predict(SHARED, 0, 1, target, 10.5).queue_ms == 1500.0
+    assert predict(SHARED, 0, 1, target, 12.0).queue_ms == 0.0

@@ -1,6 +1,6 @@
 """Live statistics: rolling estimates, load, health, immutable snapshots."""
 
-from routing.stats import RETRY_UNHEALTHY_AFTER_S, LiveStats
+from routing.stats import LiveStats
 
 KEY = "local/llama"
 
@@ -53,13 +53,13 @@ def test_snapshots_are_immutable_and_cached_until_something_changes() -> None:
     assert first.target(KEY).in_flight == 1 and stats.snapshot().target(KEY).in_flight == 2
 
 
-def test_repeated_errors_make_a_target_unhealthy_until_it_is_retried() -> None:
+def test_errors_alone_never_make_a_target_unhealthy() -> None:
+    # failures in a row eject it instead (`routing.outliers`), within the route's cap
     stats = LiveStats()
-    for second in range(3):
+    for second in range(10):
         stats.record_error(KEY, now=float(second))
     snap = stats.snapshot().target(KEY)
-    assert not snap.healthy(now=3.0)
-    assert snap.healthy(now=2.0 + RETRY_UNHEALTHY_AFTER_S)
+    assert snap.healthy(now=10.0) and snap.error_rate > 0.9
 
 
 def test_a_target_marked_down_is_unhealthy_until_the_given_time() -> None:
@@ -89,19 +89,37 @@ def test_a_target_changed_many_times_is_frozen_once_when_read() -> None:
     stats.request_finished(KEY)
     target = stats.snapshot().target(KEY)
     assert (target.in_flight, target.samples, target.service_ms) == (0, 1, 10.0)
-    stats.set_queue_depth("other/m", 2)
+    stats.request_queued("other/m")
     assert stats.snapshot().target(KEY) is target  # unchanged targets are not rebuilt
 
 
-def test_an_unhealthy_target_is_back_when_retried_but_never_before_its_retry_after() -> None:
+def test_a_target_is_back_no_sooner_than_its_retry_after() -> None:
     stats = LiveStats()
-    for now in (100.0, 101.0, 102.0):
-        stats.record_error("a/m", now)
-        stats.record_error("b/m", now, retry_after_s=60.0)
+    stats.record_error("a/m", 100.0)
+    stats.record_error("b/m", 100.0, retry_after_s=60.0)
+    stats.mark_unhealthy("c/m", 130.0)
     snapshot = stats.snapshot()
-    assert snapshot.target("a/m").back_at() == 102.0 + RETRY_UNHEALTHY_AFTER_S
-    assert snapshot.target("b/m").back_at() == 162.0
-    assert snapshot.target("c/m").back_at() is None
+    assert snapshot.target("a/m").back_at() is None
+    assert snapshot.target("b/m").back_at() == 160.0
+    assert snapshot.target("c/m").back_at() == 130.0
+
+
+def test_queued_attempts_are_the_queue_depth_until_they_are_sent() -> None:
+    stats = LiveStats()
+    for _ in range(3):
+        stats.request_queued(KEY)
+    stats.request_started(KEY, queued=True)
+    stats.request_left_queue(KEY)
+    target = stats.snapshot().target(KEY)
+    assert (target.queue_depth, target.in_flight) == (1, 1)
+
+
+def test_a_429_is_not_an_error() -> None:
+    stats = LiveStats()
+    stats.record_busy(KEY, 100.0, retry_after_s=5.0)
+    target = stats.snapshot().target(KEY)
+    assert target.error_rate == 0.0 and target.samples == 0
+    assert target.retry_after_until == 105.0 and target.healthy(100.0)
 
 
 def test_an_ejection_is_in_the_snapshot_until_restored() -> None:

@@ -132,3 +132,20 @@ def test_a_block_with_equal_tokens_after_a_different_prefix_is_not_a_hit() -> No
     assert third.block_table[1] != first.block_table[1]
     assert third.num_computed == 2
 
+
+
+def test_a_salted_prefix_is_found_only_under_the_same_salt() -> None:
+    manager = BlockManager(num_blocks=16, block_size=4)
+    a = seq("a", list(range(10)))
+    a.cache_salt = "tenant-a"
+    manager.allocate(a)
+    computed(manager, a)
+    other = seq("b", list(range(10)))
+    other.cache_salt = "tenant-b"
+    manager.allocate(other)
+    unsalted = seq("c", list(range(10)))
+    manager.allocate(unsalted)
+    again = seq("a2", list(range(10)))
+    again.cache_salt = "tenant-a"
+    manager.allocate(again)
+    assert (other.num_computed, unsalted.num_computed, again.num_computed) == (0, 0, 8)
