@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 from gateway.core.context import RequestContext
 from gateway.core.errors import DeadlinePassed, NoBackendAvailable
@@ -68,8 +67,11 @@ def priority_of(ctx: RequestContext, tenant: str) -> Priority:
     return spec.priority if spec is not None else ctx.policy.file.defaults.priority
 
 
+_BANDS: dict[str, Priority] = {band: band for band in PRIORITIES}
+
+
 def _band(priority: str) -> Priority:
-    return cast(Priority, priority) if priority in PRIORITIES else "normal"
+    return _BANDS.get(priority, "normal")
 
 
 class _Slot:
