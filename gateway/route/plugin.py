@@ -35,6 +35,6 @@ def install(wiring: Wiring) -> Provides:
     install_backend_health(app, live, pool, hook.ejections)
     install_backends_admin(app, live, pool)
     # dedicated backends' replicas: picked per attempt (prefix, load), salted, watched
-    replicas = install_fleets(app, live, hook, wiring.metrics.registry)
-    return Provides(router=hook, observers=(hook, replicas), replicas=replicas,
+    replicas = install_fleets(app, live, hook, wiring.metrics)
+    return Provides(router=hook, observers=(hook,), replicas=replicas,
                     wraps_queue=hook.counting)

@@ -7,9 +7,9 @@ call that adds the salt, or a call on the replica `pick:` chose. The call counts
 request as outstanding on its replica until the response is released, reports each
 outcome into the replica's health (a connect error, timeout or 5xx is a failure in a
 row; anything answered a success), and, when the replica cannot be connected to at
-all, tries one other replica at once (nothing was sent). As an observer it counts
-prompt and cached tokens (`usage.prompt_tokens_details.cached_tokens`) per backend
-and replica once a request is final.
+all, tries one other replica at once (nothing was sent). Prompt and cached tokens per
+backend and replica are counted by telemetry from each finished record
+(`gateway/telemetry/prompt_tokens.py`); the chooser drops the counts of replicas gone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from time import monotonic
 from typing import Any
 
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.context import RequestContext
 from gateway.core.deadline import Timeouts
 from gateway.core.failures import ConnectRefused, ConnectTimeout, UpstreamFailure
 from gateway.route.replicas import (
@@ -34,14 +34,10 @@ from gateway.upstream.rewrite import spliced_fields, with_fields
 from policies.load import ModelTarget
 from policies.schema import Backend
 
-MAX_TOKEN_SERIES = 1024  # (backend, replica) pairs counted; gone replicas dropped past it
-
 
 class ReplicaChooser:
     def __init__(self, fleets: Fleets) -> None:
         self.fleets = fleets
-        # (backend, replica or "") → [requests, prompt tokens, cached tokens], for metrics
-        self.tokens: dict[tuple[str, str], list[int]] = {}
 
     def choose(self, ctx: RequestContext, target: ModelTarget,
                upstream: Upstream) -> Upstream | None:
@@ -65,41 +61,12 @@ class ReplicaChooser:
         """For routing's TTFT prediction (`RoutingHook.cached_share`)."""
         return cached_share(ctx, self.fleets)
 
-    # -- observer: cached tokens per backend and replica ------------------------------
-
-    def request_started(self, ctx: RequestContext) -> None:
-        return None
-
-    def attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
-        return None
-
-    def request_finished(self, ctx: RequestContext) -> None:
-        record = ctx.record
-        attempt = record.attempt
-        if attempt is None or not attempt.answered or record.input_tokens is None:
-            return
-        cached = record.cached_input_tokens or 0
-        key = (attempt.backend, attempt.replica or "")
-        if key not in self.tokens and len(self.tokens) >= MAX_TOKEN_SERIES:
-            self._forget_gone_replicas()
-        counts = self.tokens.setdefault(key, [0, 0, 0])
-        counts[0] += 1
-        counts[1] += record.input_tokens
-        counts[2] += cached
-        fleet = self.fleets.get(attempt.backend)
-        replica = fleet.replicas.get(attempt.replica or "") if fleet is not None else None
-        if replica is not None:
-            replica.requests += 1
-            replica.prompt_tokens += record.input_tokens
-            replica.cached_tokens += cached
-
-
-    def _forget_gone_replicas(self) -> None:
-        """Replicas come and go (DNS): their series go once the table is full."""
-        for backend, replica in list(self.tokens):
+    def forget_gone_replicas(self, counts: dict[tuple[str, str], list[int]]) -> None:
+        """Replicas come and go (DNS): their token counts go once the table is full."""
+        for backend, replica in list(counts):
             fleet = self.fleets.get(backend)
             if replica and (fleet is None or replica not in fleet.replicas):
-                del self.tokens[(backend, replica)]
+                del counts[(backend, replica)]
 
 
 class ReplicaCall:

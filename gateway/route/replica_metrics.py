@@ -22,13 +22,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.route.replica_call import ReplicaChooser
+from gateway.telemetry.prompt_tokens import PromptTokens
 
 LABELS = ["backend", "replica"]
 
 
 class ReplicaCollector(Collector):
-    def __init__(self, chooser: ReplicaChooser) -> None:
+    def __init__(self, chooser: ReplicaChooser, tokens: PromptTokens) -> None:
         self.chooser = chooser
+        self.tokens = tokens
 
     def collect(self) -> Iterator[Metric]:
         gauges = {name: GaugeMetricFamily(f"routegate_replica_{name}", doc, labels=LABELS)
@@ -61,7 +63,7 @@ class ReplicaCollector(Collector):
                                      "(usage.prompt_tokens_details.cached_tokens).",
                                      labels=LABELS)
         for (backend, where), (_, prompt_tokens, cached_tokens) in sorted(
-                self.chooser.tokens.items()):
+                self.tokens.counts.items()):
             prompt.add_metric([backend, where], prompt_tokens)
             cached.add_metric([backend, where], cached_tokens)
         yield prompt

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from gateway.core.live_policy import LivePolicy
 from gateway.route.health import check_url
@@ -33,6 +32,7 @@ from gateway.route.load import MAX_METRICS_BYTES, metrics_url, parse_load
 from gateway.route.replica_call import ReplicaChooser
 from gateway.route.replica_metrics import ReplicaCollector
 from gateway.route.replicas import Fleet, Fleets, Replica, replica_name
+from gateway.telemetry.metrics import GatewayMetrics
 from routing.replica_pick import in_service
 from routing.stats import LiveStats
 
@@ -164,7 +164,7 @@ WATCHER = web.AppKey("routegate.fleet_watcher", FleetWatcher)
 
 
 def install(app: web.Application, live: LivePolicy, routing: RoutingHook,
-            registry: CollectorRegistry, resolver: Resolver | None = None) -> ReplicaChooser:
+            metrics: GatewayMetrics, resolver: Resolver | None = None) -> ReplicaChooser:
     """Fleets for the live policy (`app[FLEETS]`: the supervisor tells them of launched
     replicas), the replica choice on every attempt, and the watcher (owned by
     `cleanup_ctx`). `resolver` replaces DNS (tests)."""
@@ -172,7 +172,9 @@ def install(app: web.Application, live: LivePolicy, routing: RoutingHook,
     fleets.follow(live.current)
     live.on_swap(fleets.follow)
     chooser = ReplicaChooser(fleets)
-    registry.register(ReplicaCollector(chooser))
+    fleets.tokens = metrics.prompt_tokens  # each replica's figures in /admin/backends
+    metrics.prompt_tokens.prune = chooser.forget_gone_replicas
+    metrics.registry.register(ReplicaCollector(chooser, metrics.prompt_tokens))
     routing.cached_share = chooser.cached_share  # the prefill a held prefix saves
     watcher = FleetWatcher(live, fleets, routing.stats, resolver or resolve_all)
     app[FLEETS], app[WATCHER] = fleets, watcher

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from time import monotonic
@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.core.context import RequestContext
+from gateway.telemetry.prompt_tokens import PromptTokens
 from gateway.upstream.openai import OpenAIUpstream
 from policies.load import Policy
 from policies.schema import Backend
@@ -68,9 +69,6 @@ class Replica:
     running: int | None = None
     kv_use: float | None = None
     load_at: float | None = None
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
 
     def view(self, now: float, ejected_until: float | None) -> ReplicaView:
         fresh = self.load_at is not None and now - self.load_at <= LOAD_FRESH_S
@@ -138,22 +136,26 @@ class Fleet:
                     blocks=len(hashes), weights=self.backend.fleet.prefix, turn=self.turn,
                     cache_blocks=self.index.held)
 
-    def report(self, now: float) -> dict[str, dict[str, Any]]:
+    def report(self, now: float,
+               counts: Mapping[tuple[str, str], Sequence[int]]) -> dict[str, dict[str, Any]]:
+        """Each replica's state and load; `counts`: answered requests, prompt and cached
+        tokens per (backend, replica), as telemetry counts them."""
         states = self.ejections.report(now)
         out = {}
         for name, replica in sorted(self.replicas.items()):
             state = states.get(name, {"state": "in_service"})
             view = replica.view(now, None)
+            requests, prompt_tokens, cached_tokens = counts.get((self.name, name), (0, 0, 0))
             out[name] = {
                 "url": replica.url, "source": replica.source, "state": state["state"],
                 "consecutive_failures": state.get("consecutive_failures", 0),
                 "ejections_total": state.get("ejections_total", 0),
                 "outstanding": replica.outstanding, "waiting": view.waiting,
                 "running": view.running, "kv_cache_use": view.kv_use,
-                "requests": replica.requests, "prompt_tokens": replica.prompt_tokens,
-                "cached_tokens": replica.cached_tokens,
-                "cache_hit_rate": round(replica.cached_tokens / replica.prompt_tokens, 4)
-                if replica.prompt_tokens else None,
+                "requests": requests, "prompt_tokens": prompt_tokens,
+                "cached_tokens": cached_tokens,
+                "cache_hit_rate": round(cached_tokens / prompt_tokens, 4)
+                if prompt_tokens else None,
             }
         return out
 
@@ -188,6 +190,8 @@ class Fleets:
         self.fleets: dict[str, Fleet] = {}
         self.resolver = resolver  # injected for tests: (host, port) → addresses
         self._launched: dict[str, dict[int, str]] = {}
+        # telemetry's prompt and cached tokens per (backend, replica), for `report`
+        self.tokens: PromptTokens | None = None
 
     def follow(self, policy: Policy) -> None:
         wanted = {name: backend for name, backend in policy.file.backends.items()
@@ -226,7 +230,8 @@ class Fleets:
 
     def report(self, now: float) -> dict[str, dict[str, Any]]:
         return {name: {"pick": fleet.backend.pick, "index_blocks": len(fleet.index),
-                       "replicas": fleet.report(now)}
+                       "replicas": fleet.report(now, self.tokens.counts if self.tokens
+                                                 is not None else {})}
                 for name, fleet in sorted(self.fleets.items())}
 
 

@@ -29,6 +29,7 @@ from gateway.telemetry.metric_series import (
     HistogramFamily,
     HistogramSeries,
 )
+from gateway.telemetry.prompt_tokens import PromptTokens
 
 NAMESPACE = "routegate"
 OTHER = "other"
@@ -92,6 +93,7 @@ class GatewayMetrics:
 
     def __init__(self, *, max_label_values: int = 256):
         self.registry = CollectorRegistry(auto_describe=True)
+        self.prompt_tokens = PromptTokens()  # per backend and replica, cached share
         self.label = LabelGuard(max_label_values)
         self._children: dict[tuple[str, str, str, str, int, str], _RequestChildren] = {}
         # Series of the per-request gauges and the decision counter by raw (unguarded)
@@ -213,6 +215,7 @@ class GatewayMetrics:
     def observe_record(self, record: RequestRecord) -> None:
         """Everything one finished request contributes, read from its record."""
         assert record.split is not None
+        self.prompt_tokens.observe(record)
         if record.route is not None and record.reason is not None:
             self.observe_decision(record.route, record.decided_backend or "", record.reason)
         for attempt in record.attempts:
