@@ -8,12 +8,11 @@ from typing import Any
 import orjson
 
 
-class ChunkReader:
-    """Splits the bytes written to it into whole SSE events: `: comments` pass through,
-    each chunk object goes to `_chunk`, `[DONE]` to `_finish`. Anything else is dropped:
-    the relay has already ended the stream with an error event on a malformed one."""
+class EventSplitter:
+    """Splits the bytes written to it into whole SSE events, each rewritten by `_event`;
+    an event's start is held until its blank line arrives."""
 
-    _pending: bytes = b""  # an event's start, until its blank line arrives
+    _pending: bytes = b""
 
     def feed(self, data: bytes) -> bytes:
         data = self._pending + data
@@ -24,6 +23,15 @@ class ChunkReader:
             start = end + 2
         self._pending = data[start:]
         return b"".join(out)
+
+    def _event(self, event: bytes) -> bytes:
+        raise NotImplementedError
+
+
+class ChunkReader(EventSplitter):
+    """`: comments` pass through, each chunk object goes to `_chunk`, `[DONE]` to
+    `_finish`. Anything else is dropped: the relay has already ended the stream with an
+    error event on a malformed one."""
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(b"data:"):

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.chunk_reader import EventSplitter
 from gateway.api.messages_to_chat import error_body, sse
 
 Body = dict[str, Any]
@@ -22,14 +23,13 @@ _USAGE = b'"usage"'
 _GATEWAY_ERROR = b'data: {"error"'  # the relay's own error event (no `event:` line)
 
 
-class NativeMessageEvents:
+class NativeMessageEvents(EventSplitter):
     """Feed it the SSE bytes the pipeline writes; it returns what the client gets."""
 
     def __init__(self) -> None:
         self._usage: Body = {}
         self._reported = False  # a message_delta's usage seen
         self.stop_reason: str | None = None  # end_turn, max_tokens, tool_use, …
-        self._pending = b""
 
     @property
     def usage(self) -> Body | None:
@@ -42,14 +42,7 @@ class NativeMessageEvents:
         if not self._pending and data.endswith(b"\n\n") and _USAGE not in data \
                 and _GATEWAY_ERROR not in data:
             return data  # the common write: whole text deltas, passed as they are
-        data = self._pending + data
-        out: list[bytes] = []
-        start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
-            out.append(self._event(data[start:end + 2]))
-            start = end + 2
-        self._pending = data[start:]
-        return b"".join(out)
+        return super().feed(data)
 
     def _event(self, event: bytes) -> bytes:
         if event.startswith(_GATEWAY_ERROR):

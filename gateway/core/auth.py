@@ -162,8 +162,9 @@ class Authenticator:
         raise Unauthorized("Incorrect API key provided.")
 
 
-def require_admin(request: web.Request, policy: Policy) -> str:
-    """For `/admin/...` handlers: the admin key's hash, or 401 (no key) / 403 (not admin)."""
+def admin_key(request: web.Request, policy: Policy) -> tuple[str, bool]:
+    """(the presented key's hash, whether it is one of the policy's admin keys); 401 when
+    no key was presented."""
     key = presented_key(request)
     if key is None:
         raise Unauthorized("Admin endpoints need an admin key: `Authorization: Bearer KEY`.",
@@ -172,6 +173,12 @@ def require_admin(request: web.Request, policy: Policy) -> str:
     matched = False
     for stored in policy.admin_key_hashes:  # a handful at most; compare all, constant time
         matched |= hmac.compare_digest(stored, digest)
+    return digest, matched
+
+
+def require_admin(request: web.Request, policy: Policy) -> str:
+    """For `/admin/...` handlers: the admin key's hash, or 401 (no key) / 403 (not admin)."""
+    digest, matched = admin_key(request, policy)
     if not matched:
         raise Forbidden("This key is not an admin key.")
     return digest

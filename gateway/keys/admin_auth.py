@@ -7,14 +7,13 @@ so the endpoints cannot be used to try keys at speed.
 
 from __future__ import annotations
 
-import hmac
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.core.auth import key_hash, presented_key
-from gateway.core.errors import Forbidden, GatewayError, RateLimited, Unauthorized
+from gateway.core.auth import admin_key
+from gateway.core.errors import Forbidden, GatewayError, RateLimited
 from gateway.keys.audit import AuditLog
 from gateway.keys.view import KeyView
 from gateway.limits.headers import retry_headers
@@ -80,14 +79,7 @@ def authorize(request: web.Request, policy: Policy, view: KeyView, guard: Failed
 
 
 def _admin(request: web.Request, policy: Policy, view: KeyView, *, write: bool) -> Admin:
-    key = presented_key(request)
-    if key is None:
-        raise Unauthorized("Admin endpoints need an admin key: `Authorization: Bearer KEY`.",
-                           code="missing_api_key")
-    digest = key_hash(key)
-    matched = False
-    for stored in policy.admin_key_hashes:  # a handful at most; compare all, constant time
-        matched |= hmac.compare_digest(stored, digest)
+    digest, matched = admin_key(request, policy)  # a managed key may have an admin scope
     if matched:
         return Admin(f"admin_key:{digest.removeprefix('sha256:')[:12]}", None, True)
     identity = view.identity(digest)

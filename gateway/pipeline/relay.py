@@ -34,7 +34,7 @@ from gateway.core.sse import DONE_EVENT, MalformedEvent, SseRelay, comment, erro
 from gateway.core.stream_out import STREAM_HEADERS, stream_writers
 from gateway.core.whole_response import WholeResponse
 from gateway.upstream.failures import READ_ERRORS, read_failure
-from gateway.upstream.http1 import BodyTooLarge
+from gateway.upstream.http1_errors import BodyTooLarge
 from gateway.upstream.openai import PASSTHROUGH_HEADERS, incapable
 from gateway.upstream.pool import UpstreamResponse
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from gateway.core.background import run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
 from gateway.route.replicas import is_fleet
@@ -175,11 +175,5 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool,
     checker = HealthChecker(live, pool, ejections)
     app[HEALTH] = checker
 
-    async def checking(_: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(checker.run(), name="routegate.backend_health")
-        yield
-        task.cancel()
-        await asyncio.wait([task])
-
-    app.cleanup_ctx.append(checking)
+    run_while_serving(app, "routegate.backend_health", checker.run)
     return checker

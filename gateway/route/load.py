@@ -14,11 +14,12 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
 
+from gateway.core.background import run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
@@ -118,11 +119,5 @@ def install(app: web.Application, live: LivePolicy, pool: UpstreamPool,
     """Poll for the app's lifetime; the task is owned by `cleanup_ctx`."""
     poller = BackendLoadPoller(live, pool, stats)
 
-    async def polling(_: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(poller.run(), name="routegate.backend_load")
-        yield
-        task.cancel()
-        await asyncio.wait([task])  # waits for it to end without taking its CancelledError
-
-    app.cleanup_ctx.append(polling)
+    run_while_serving(app, "routegate.backend_load", poller.run)
     return poller

@@ -19,12 +19,13 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from gateway.core.background import run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.route.health import check_url
 from gateway.route.hook import RoutingHook
@@ -179,11 +180,5 @@ def install(app: web.Application, live: LivePolicy, routing: RoutingHook,
     watcher = FleetWatcher(live, fleets, routing.stats, resolver or resolve_all)
     app[FLEETS], app[WATCHER] = fleets, watcher
 
-    async def watching(_: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(watcher.run(), name="routegate.fleet_watcher")
-        yield
-        task.cancel()
-        await asyncio.wait([task])
-
-    app.cleanup_ctx.append(watching)
+    run_while_serving(app, "routegate.fleet_watcher", watcher.run)
     return chooser

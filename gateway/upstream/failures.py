@@ -19,7 +19,7 @@ from gateway.core.failures import (
     UpstreamClosed,
     UpstreamFailure,
 )
-from gateway.upstream.http1 import BodyTooLarge, ConnectFailed, ConnectTimedOut, PoolTimedOut
+from gateway.upstream.http1_errors import BodyTooLarge, ConnectFailed, ConnectTimedOut, PoolTimedOut
 
 # What reading an answer's body raises (`read_failure` maps each).
 READ_ERRORS = (TimeoutError, aiohttp.ClientError)

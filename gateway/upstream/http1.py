@@ -49,18 +49,18 @@ from collections.abc import Callable, Mapping
 from time import monotonic
 from urllib.parse import urlsplit
 
-from aiohttp import (
-    EMPTY_PAYLOAD,
-    ClientConnectionError,
-    ClientPayloadError,
-    ServerTimeoutError,
-    StreamReader,
-)
+from aiohttp import EMPTY_PAYLOAD, ClientConnectionError, ServerTimeoutError, StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.compat.aiohttp import MalformedResponse, PooledResponseHandler
 from gateway.core.deadline import Timeouts
 from gateway.upstream.flow_control import write_with_flow_control
+from gateway.upstream.http1_errors import (
+    BodyTooLarge,
+    ConnectFailed,
+    ConnectTimedOut,
+    PoolTimedOut,
+)
 from gateway.upstream.tls import tls_context
 
 USER_AGENT = "routegate"
@@ -77,30 +77,6 @@ _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 LARGE_BODY_BYTES = 256 * 1024
 # 1xx heads a backend may send before its answer; past this it is not answering
 MAX_INTERIM_RESPONSES = 16
-
-
-class ConnectFailed(ClientConnectionError):
-    """The backend could not be connected to; `os_error` says why."""
-
-    def __init__(self, address: str, os_error: OSError) -> None:
-        super().__init__(f"cannot connect to {address}: {os_error}")
-        self.os_error = os_error
-
-
-class ConnectTimedOut(ServerTimeoutError):
-    """The connection did not open within `connect_s`."""
-
-
-class PoolTimedOut(ServerTimeoutError):
-    """No free connection within `pool_wait_s`."""
-
-
-class BodyTooLarge(ClientPayloadError):
-    """A response body over the reader's bound; the connection is not reusable."""
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"response body over {max_bytes} bytes")
-        self.max_bytes = max_bytes
 
 
 class Http1Response:

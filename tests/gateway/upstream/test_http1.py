@@ -14,7 +14,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.core.deadline import Timeouts
-from gateway.upstream.http1 import ConnectFailed, Http1Client
+from gateway.upstream.http1 import Http1Client
+from gateway.upstream.http1_errors import ConnectFailed
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RELAXED = Timeouts(connect_s=2.0, first_byte_s=5.0, total_s=10.0)

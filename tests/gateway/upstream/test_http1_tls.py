@@ -22,7 +22,8 @@ from aiohttp import web
 from gateway.core.deadline import Timeouts
 from gateway.policy.admin import RELOADER
 from gateway.settings import Settings
-from gateway.upstream.http1 import ConnectFailed, Http1Client
+from gateway.upstream.http1 import Http1Client
+from gateway.upstream.http1_errors import ConnectFailed
 from tests.conftest import StartGateway, single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 
