@@ -74,6 +74,22 @@ class RouteDecision:
     def primary(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
 
+    def candidate(self, key: str) -> Candidate | None:
+        for candidate in self.candidates:
+            if candidate.key == key:
+                return candidate
+        return None
+
+    def amortised_usd_per_mtok(self, key: str) -> float | None:
+        """What the dedicated candidate `key` costs per token as this decision priced it
+        (µUSD per token, i.e. USD per million tokens): what settlement charges it. None
+        for a shared target (its declared prices) or one not among the candidates."""
+        candidate = self.candidate(key)
+        if candidate is None or candidate.target.backend.deployment != "dedicated":
+            return None
+        features = self.features
+        return candidate.cost_micro_usd / max(features.input_tokens + features.output_tokens, 1)
+
     def to_dict(self) -> dict[str, Any]:
         """The whole decision as JSON-ready data, for spans and `policy explain`."""
         return {

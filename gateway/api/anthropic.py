@@ -93,7 +93,6 @@ class MessagesCall:
         if usage is not None:
             # Anthropic splits it over message_start and message_delta; the relay saw
             # only the last
-            ctx.usage = usage
             note_usage(ctx.record, usage)
         if events.stop_reason is not None:
             ctx.record.finish_reasons.append(events.stop_reason)

@@ -139,11 +139,12 @@ class ResponsesCall:
         final = self.encoder.final if self.encoder is not None else None
         if final is None:
             return
-        if self.native_now and self.ctx is not None and self.ctx.usage is None:
+        record = self.ctx.record if self.ctx is not None else None
+        if self.native_now and record is not None and record.input_tokens is None \
+                and record.output_tokens is None:
             usage = final.get("usage")  # a native stream reports it in its last event
             if isinstance(usage, dict):
-                self.ctx.usage = usage
-                note_usage(self.ctx.record, usage)
+                note_usage(record, usage)
         await self.keep(final)
 
     async def whole_answer(self, response: WholeResponse) -> WholeResponse:

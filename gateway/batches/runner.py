@@ -196,7 +196,7 @@ class BatchRun:
                 local = [sent for _, sent in running.values() if sent.placement == "dedicated"]
                 local_left = len(todo) + len(local)
                 # sent but not yet holding a slot: the queue does not count them yet
-                starting = sum(1 for sent in local if sent.ctx is None or not sent.ctx.attempts)
+                starting = sum(1 for sent in local if sent.ctx is None or not sent.ctx.candidates)
                 if any(self.gate.why_not(target, settings, starting) is None
                        for target in lane.dedicated):
                     placement = "dedicated"
@@ -224,7 +224,7 @@ class BatchRun:
                             body=body, request_id=record.request_id if record is not None
                             else f"{self.batch.id}-{line.index}")
         if record is not None:
-            target = ctx.target if ctx is not None else None
+            target = ctx.attempt.target if ctx is not None and ctx.attempt is not None else None
             if target is not None and record.attempts:
                 result.placement = "dedicated" if target.backend.deployment == "dedicated" \
                     else "shared"

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from gateway.cache.entry import assembled, decode, encode, replayed
+from gateway.cache.entry import Body, assembled, decode, encode, replayed
 from gateway.cache.key import Mode, cache_key, mode_of
 from gateway.core.context import RequestContext
+from gateway.core.record import RequestRecord
 from gateway.core.sse import DONE_EVENT, comment
 from gateway.core.stream_out import STREAM_HEADERS, stream_writers
 from gateway.core.whole_response import WholeResponse
@@ -70,7 +71,7 @@ class ResponseCache:
             return None
         decision = ctx.decision
         features = decision.features if isinstance(decision, RouteDecision) else None
-        route = features.route if features is not None else ctx.model
+        route = features.route if features is not None else ctx.record.requested_model
         spec = ctx.policy.file.routes.get(route)
         if spec is None or spec.cache is None:
             return None
@@ -113,13 +114,14 @@ class ResponseCache:
                 return await self._answer(ctx, completion)
         counts.misses += 1
         self._note(ctx, "miss")
-        if ctx.stream:
+        if ctx.record.stream:
             ctx.cache_capture = []
         return None
 
     async def _answer(self, ctx: RequestContext, completion: bytes) -> web.StreamResponse:
-        ctx.status = 200
-        if not ctx.stream:
+        record = ctx.record
+        record.status = 200
+        if not record.stream:
             return WholeResponse(status=200, body=completion, headers={
                 "Content-Type": "application/json", "X-Request-Id": ctx.request_id,
                 **ctx.response_headers})
@@ -129,16 +131,17 @@ class ResponseCache:
         await client.prepare(ctx.request)
         ctx.bytes_sent = True
         _, write_last = stream_writers(client, ctx.endpoint.dialect)
-        events = replayed(orjson.loads(completion), with_usage=ctx.client_wants_usage)
+        events = replayed(orjson.loads(completion), with_usage=record.client_wants_usage)
         await write_last(events + comment("server-timing " + ctx.timing.server_timing())
                          + DONE_EVENT)
         return client
 
     async def keep(self, ctx: RequestContext, plan: Plan, response: web.StreamResponse) -> None:
-        if ctx.record.cache != "miss" or ctx.error is not None or ctx.status != 200:
+        record = ctx.record
+        if record.cache != "miss" or record.status != 200 or record.error_code is not None:
             return  # no cache here, a hit or a bypass, or not a whole answer
         if ctx.cache_capture is not None:
-            whole = assembled(b"".join(ctx.cache_capture), ctx.usage)
+            whole = assembled(b"".join(ctx.cache_capture), _usage(record))
             ctx.cache_capture = None
             if whole is None:
                 return
@@ -149,7 +152,7 @@ class ResponseCache:
             return  # another API's answer (a native Responses backend's), or not JSON
         if len(body) > plan.settings.max_entry_bytes:
             return
-        entry = encode(body, ctx.record.cost_micros or 0)
+        entry = encode(body, record.cost_micros or 0)
         try:
             await self.blobs.put(plan.key, entry, plan.settings.ttl_s)
         except BlobStoreUnavailable as exc:
@@ -157,3 +160,17 @@ class ResponseCache:
             self.counts[plan.route].store_errors += 1
             return
         self.counts[plan.route].kept_bytes += len(entry)
+
+
+def _usage(record: RequestRecord) -> Body | None:
+    """The `usage` of an answer assembled from a stream: the request's counts as its
+    record holds them (the backend's, or what settlement charged where it gave none)."""
+    tokens_in, tokens_out = record.input_tokens, record.output_tokens
+    if tokens_in is None and tokens_out is None:
+        return None
+    tokens_in, tokens_out = tokens_in or 0, tokens_out or 0
+    usage: Body = {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                   "total_tokens": tokens_in + tokens_out}
+    if record.cached_input_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": record.cached_input_tokens}
+    return usage

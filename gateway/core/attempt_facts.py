@@ -1,10 +1,19 @@
-"""What one upstream attempt tells the request record as it runs: the first byte, the
-tokens relayed, usage, finish reasons and the backend's own timings.
+"""One upstream attempt as it runs: its live side, and the writer of its facts into the
+request record (the first byte, the tokens relayed, usage, finish reasons, the
+backend's own timings, the outcome).
 
-`AttemptFacts.start` opens an `AttemptRecord` on the record (and its `traceparent`
-for the upstream request); the relay then calls `responded`, `relayed` and `body`,
-and the pipeline `failed` or `end`. Everything lands in the record and its clock
-marks (`RequestTimings`); nothing here reports anywhere.
+A request's attempts are one list, `RequestRecord.attempts`, of plain entries
+(`AttemptRecord`). There is no second list of live objects beside it: the try in
+progress (or the last one) is `RequestContext.attempt`, an `Attempt` holding what only
+this process needs while it runs — the target, the failure object whose kind retries,
+ejection and metrics read, whether the request's own deadline cut it — and its entry
+in the record (`entry`), which it writes. Observers get each `Attempt` as it finishes
+(`Observer.attempt_finished`); every later reader reads the record.
+
+`Attempt.start` opens the entry once the attempt has its queue slot (and puts its
+`traceparent` into the upstream headers); the relay then calls `responded`, `relayed`
+and `body`, and the pipeline `failed` or `end`. Everything lands in the record and its
+clock marks (`RequestTimings`); nothing here reports anywhere.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from time import time_ns
 from typing import Any, Protocol
 
 from gateway.core.content import StreamText, completion_text
+from gateway.core.failures import UpstreamFailure
 from gateway.core.inference_time import from_body, from_headers
 from gateway.core.record import ERROR_TEXT_CHARS, AttemptRecord, RequestRecord
 from gateway.core.timing import RequestTimings
@@ -60,52 +70,60 @@ class Gauge(Protocol):
     def dec(self, amount: float = 1.0) -> None: ...
 
 
-class AttemptFacts:
-    """The writer of one attempt's facts; `in_flight` is its backend's gauge."""
+class Attempt:
+    """One try on one target: `entry` is its record entry, which it writes; `in_flight`
+    is its backend's gauge."""
 
-    __slots__ = ("_in_flight", "_record", "_stream_text", "_timings", "attempt")
+    __slots__ = ("_in_flight", "_record", "_stream_text", "_timings", "deadline_cut", "entry",
+                 "failure", "target")
 
-    def __init__(self, record: RequestRecord, attempt: AttemptRecord, timings: RequestTimings,
-                 in_flight: Gauge) -> None:
-        self._record, self.attempt, self._timings = record, attempt, timings
+    def __init__(self, record: RequestRecord, entry: AttemptRecord, target: ModelTarget,
+                 timings: RequestTimings, in_flight: Gauge) -> None:
+        self._record, self.entry, self.target, self._timings = record, entry, target, timings
         self._in_flight = in_flight
         self._stream_text: StreamText | None = None
+        # how it failed (before the answer, or a stream broken after bytes reached the
+        # client): its kind says what the failure means
+        self.failure: UpstreamFailure | None = None
+        # it timed out because the request's own deadline ran out, not the backend's
+        # timeout: the gateway's limit, so no mark against the target's health
+        self.deadline_cut = False
 
     @classmethod
     def start(cls, record: RequestRecord, target: ModelTarget, timings: RequestTimings,
               in_flight: Gauge, headers: MutableMapping[str, str],
-              new_span_id: Callable[[], int] | None = None) -> AttemptFacts:
+              new_span_id: Callable[[], int] | None = None) -> Attempt:
         """Open an attempt on `target`: the upstream clock, its gauge, and `traceparent`
         in `headers` (a sampled request's names this attempt's span; an unsampled one
         its root, flagged not sampled; without tracing the caller's goes as it came)."""
-        attempt = AttemptRecord(
+        entry = AttemptRecord(
             key=target.key, backend=target.backend_name, model=target.model_name,
             upstream_model=target.upstream_name or target.model_name,
             system=target.backend.type, number=len(record.attempts) + 1, start_ns=time_ns())
-        record.attempts.append(attempt)
+        record.attempts.append(entry)
         trace = record.trace
         if trace is not None:
             span_id = trace.span_id
             if trace.sampled and new_span_id is not None:
-                span_id = attempt.span_id = new_span_id()
+                span_id = entry.span_id = new_span_id()
             headers["traceparent"] = trace.traceparent(span_id)
             state = trace.tracestate()
             if state:
                 headers["tracestate"] = state
         in_flight.inc()
         timings.upstream_started()
-        return cls(record, attempt, timings, in_flight)
+        return cls(record, entry, target, timings, in_flight)
 
     def left_ms(self, left_ms: int) -> None:
         """The request's budget left as this attempt was sent (`x-routegate-deadline-ms`)."""
-        self.attempt.deadline_ms = left_ms
+        self.entry.deadline_ms = left_ms
 
     def responded(self, headers: Mapping[str, str], status: int = 200) -> None:
         """Upstream response headers arrived: first byte, and any timing they report."""
         timings = self._timings
         timings.upstream_first_byte()
         timings.report(from_headers(headers))
-        self.attempt.status = status
+        self.entry.status = status
 
     def relayed(self, data: bytes) -> None:
         """SSE bytes about to be written to the client: tokens, finish reasons, text."""
@@ -114,8 +132,8 @@ class AttemptFacts:
         count = content_events(data)
         if count > 0:
             self._timings.token(count)
-            if not self.attempt.first_token_ns:
-                self.attempt.first_token_ns = time_ns()
+            if not self.entry.first_token_ns:
+                self.entry.first_token_ns = time_ns()
         if b'"finish_reason":"' in data or b'"finish_reason": "' in data:
             self._record.finish_reasons.extend(m.decode() for m in _FINISH.findall(data))
         if self._record.keeps_content:
@@ -155,7 +173,7 @@ class AttemptFacts:
         """The attempt failed (`reason`: its kind's metric reason). The span keeps the
         statement only: what follows ": " is an exception's own text, which may quote
         what the backend sent."""
-        attempt = self.attempt
+        attempt = self.entry
         attempt.error, attempt.failure = statement, reason
         attempt.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
         if status is not None:
@@ -165,10 +183,10 @@ class AttemptFacts:
     def broke(self, reason: str) -> None:
         """The stream this attempt was relaying broke after bytes reached the client
         (`reason`: the failure kind's metric reason); the attempt still answered."""
-        self.attempt.failure = reason
+        self.entry.failure = reason
 
     def end(self) -> None:
-        attempt = self.attempt
+        attempt = self.entry
         if attempt.ended:
             return
         attempt.ended = True

@@ -1,4 +1,13 @@
-"""What the gateway knows about one request as it moves through the pipeline."""
+"""The live objects of one request as it moves through the pipeline.
+
+The context holds what only this process, and only while the request runs, can use:
+the aiohttp request and the body parsed from it, the policy it runs under, its caller,
+the routing decision and candidates, the deadline, the headers being built, the
+response's state as it is written and the attempt in progress. Every fact about the
+request (what was asked for, admission's estimate, each attempt's outcome, usage,
+status, cost, timings) lives once, in its record (`ctx.record`, `core/record.py`):
+readers read it there, and nothing here copies it.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +17,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.attempt_facts import Attempt
 from gateway.core.auth import Identity
 from gateway.core.deadline import Deadline
 from gateway.core.errors import GatewayError
-from gateway.core.failures import UpstreamFailure
-from gateway.core.record import AttemptRecord, RequestRecord
-from gateway.core.sse import SseRelay
+from gateway.core.record import RequestRecord
 from gateway.core.timing import RequestTimings
 from gateway.core.whole_response import WholeResponse
 from policies.load import ModelTarget, Policy
@@ -66,30 +73,6 @@ class Dialect(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class Attempt:
-    """One try on one candidate, as the pipeline decides with it: the target and how it
-    failed. Its facts (status, error, timings) live once, in the request record's entry
-    for it (`record`, from the moment it got past the queue)."""
-
-    target: ModelTarget
-    record: AttemptRecord | None = None
-    failure: UpstreamFailure | None = None  # its kind says what the failure means
-    # it timed out because the request's own deadline ran out, not the backend's
-    # timeout: the gateway's limit, so no mark against the target's health
-    deadline_cut: bool = False
-
-    @property
-    def status(self) -> int | None:
-        """The backend's HTTP status, when it answered."""
-        return self.record.status if self.record is not None else None
-
-    @property
-    def error(self) -> str | None:
-        """What failed; None for the attempt that answered (or one still in its queue)."""
-        return self.record.error if self.record is not None else None
-
-
 @dataclass(slots=True, eq=False)
 class RequestContext:
     request: web.Request
@@ -101,31 +84,18 @@ class RequestContext:
     identity: Identity | None = None
     raw: bytes = b""  # the body exactly as the client sent it
     body: Body = field(default_factory=dict)  # parsed once; treat as read-only
-    model: str = ""  # what the client asked for: a route name or "backend/model"
-    stream: bool = False
-    client_wants_usage: bool = False  # stream_options.include_usage was true
     candidates: Sequence[ModelTarget] = ()  # ordered: primary first, then fallbacks
     decision: RouteDecision | None = None  # routing's own record of why (None: no router)
     deadline: Deadline | None = None  # from the latency budget, once routed; None: none
-    target: ModelTarget | None = None  # the candidate being tried / that answered
-    attempts: list[Attempt] = field(default_factory=list)
+    # the attempt in progress, or the last one (None: none got past its queue); the
+    # request's attempts are the record's (`record.attempts`)
+    attempt: Attempt | None = None
     upstream_headers: dict[str, str] = field(default_factory=dict)  # added to the upstream call
-    usage: dict[str, Any] | None = None  # from the JSON body or the final stream chunk
-    status: int | None = None  # status sent to the client (499: the client went away)
-    error: GatewayError | None = None  # what the client was told, if it failed
-    bytes_sent: bool = False  # once True a failure can only end the stream
-    facts: AttemptFacts | None = None  # the writer of the current attempt's facts
+    # the refusal the answer is written from (its status and code are the record's)
+    error: GatewayError | None = None
+    bytes_sent: bool = False  # the answer's head is written: a failure can only end the stream
     # the response cache: a streamed answer's events as relayed, to keep
     cache_capture: list[bytes] | None = None
-    # admission: the input-token estimate it reserved with (None: nothing estimated)
-    # and what the tenant may still spend (None: no budget)
-    estimated_input_tokens: int | None = None
-    budget_left_micros: int | None = None
-    # routing: a dedicated target's amortised price (µUSD per token, i.e. USD per
-    # million tokens), what settlement charges; when the current attempt got its slot
-    amortised_usd_per_mtok: float | None = None
-    attempt_started_s: float | None = None  # on the request's timing clock
-    sse_relay: SseRelay | None = None  # a streamed response's relay (what it produced)
     # Headers plug-ins give every response of this request from the moment they are set
     # (rate-limit state, the routing decision): on the relayed response, and on an error
     # through `GatewayError.headers` (its own values win, e.g. a 429's).

@@ -20,7 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.attempt_facts import Attempt
+from gateway.core.context import RequestContext
 from gateway.core.errors import ShuttingDown
 
 log = logging.getLogger("routegate.drain")

@@ -19,7 +19,8 @@ from typing import Protocol, TypeVar
 
 from aiohttp import web
 
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.attempt_facts import Attempt
+from gateway.core.context import RequestContext
 from gateway.core.errors import ModelNotFound
 from policies.load import ModelTarget
 
@@ -29,7 +30,7 @@ Plan = TypeVar("Plan")
 class Admitted(Protocol):
     async def settle(self, ctx: RequestContext) -> None:
         """Called once for every admitted request, even failed or cancelled ones, after
-        the last byte went to the client; `ctx.usage` holds the actual usage when the
+        the last byte went to the client; the record holds the actual usage when the
         backend reported it."""
 
 
@@ -57,7 +58,8 @@ class Observer(Protocol):
     def attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None: ...
 
     def request_finished(self, ctx: RequestContext) -> None:
-        """After the last byte (or the error) went to the client; ctx.status is final."""
+        """After the last byte (or the error) went to the client; `ctx.record.status` is
+        final."""
 
 
 class Cache(Protocol[Plan]):
@@ -100,11 +102,11 @@ class NoQueue:
 def route_targets_in_order(ctx: RequestContext) -> Sequence[ModelTarget]:
     """Stand-in router: the route's targets in the order written (disabled backends are
     already gone from the runtime policy), or the one `backend/model` named directly."""
-    policy = ctx.policy
-    route = policy.routes.get(ctx.model)
+    policy, model = ctx.policy, ctx.record.requested_model
+    route = policy.routes.get(model)
     if route is not None:
         return [policy.targets[key] for key in route.targets if key in policy.targets]
-    target = policy.targets.get(ctx.model)
+    target = policy.targets.get(model)
     if target is None:
-        raise ModelNotFound(f"The model '{ctx.model}' does not exist.", param="model")
+        raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
     return [target]

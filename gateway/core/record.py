@@ -1,12 +1,16 @@
 """The request record: everything one request did, as plain typed values.
 
-The pipeline fills one `RequestRecord` as the request runs — who asked, what the
-router decided, each attempt (target, clock marks, outcome), usage, the cost in
-integer micro-dollars (set once, by settlement), the error and its metric reason,
-and the timing split. Once it is final (`Telemetry.finish`), everything that reports
-on the request reads it: metrics, the access log, the dashboard's sample, the
-`Server-Timing` figures and the spans (`gateway/telemetry/tracing/span_build.py`),
-so a number shown anywhere is the same number everywhere.
+The pipeline fills one `RequestRecord` as the request runs — who asked, what was
+asked for, admission's estimate, what the router decided, each attempt (target, clock
+marks, outcome), usage, the status sent, the cost in integer micro-dollars (set once,
+by settlement), the error and its metric reason, and the timing split. It is where
+every fact about the request lives, once: the request context (`context.py`) holds
+only live objects, and the pipeline, the plug-ins (settlement, routing statistics,
+the cache), the observers and telemetry read facts here, as they are written. Once
+it is final (`Telemetry.finish`), everything that reports on the request reads it:
+metrics, the access log, the dashboard's sample, the `Server-Timing` figures and the
+spans (`gateway/telemetry/tracing/span_build.py`), so a number shown anywhere is the
+same number everywhere.
 
 Everything here is a plain value (str, int, float, bool, None, lists and tuples of
 them), so a finished record travels to the trace exporter process as it is
@@ -63,7 +67,9 @@ class StepRecord:
 
 @dataclass(slots=True, eq=False)
 class AttemptRecord:
-    """One try on one target; `error` is None for the attempt that answered."""
+    """One try on one target, from the moment it has its queue slot; `error` is None for
+    the attempt that answered. The request's attempts are this list and no other: the
+    live side of the one in progress is `core.attempt_facts.Attempt`."""
 
     key: str  # backend/model, as the policy names the target
     backend: str
@@ -110,12 +116,17 @@ class RequestRecord:
     auth: str | None = None  # key | anonymous | unknown_key
     priority: str = "normal"  # the tenant's queue band
     batch_id: str | None = None  # a Batch API line: the batch it belongs to
-    # the request ---------------------------------------------------------------
-    requested_model: str | None = None
+    # the request, as parsed -----------------------------------------------------
+    requested_model: str = ""  # a route name or "backend/model" ("": not parsed yet)
     stream: bool = False
+    client_wants_usage: bool = False  # a stream's `stream_options.include_usage`
     operation: str | None = None  # GenAI operation: chat, text_completion, embeddings
     max_tokens: int | None = None
     temperature: float | None = None
+    # admission: the input tokens it estimated and reserved (None: none estimated),
+    # what the tenant may still spend (None: no budget)
+    estimated_input_tokens: int | None = None
+    budget_left_micros: int | None = None
     # the decision --------------------------------------------------------------
     route: str | None = None
     decided_backend: str | None = None  # the primary's (a fallback changes `backend`)
@@ -128,7 +139,7 @@ class RequestRecord:
     excluded: tuple[str, ...] = ()  # "key: reason", only when traced
     # what happened -------------------------------------------------------------
     steps: list[StepRecord] = field(default_factory=list)  # only when traced
-    attempts: list[AttemptRecord] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)  # the request's only list
     response_model: str | None = None
     response_id: str | None = None
     input_tokens: int | None = None
@@ -137,7 +148,9 @@ class RequestRecord:
     finish_reasons: list[str] = field(default_factory=list)
     cost_micros: int | None = None  # what settlement charged (the ledger's figure)
     cache: str | None = None  # hit | miss | bypass, on a route with a response cache
-    status: int = 0  # sent to the client (499: it went away; 500: unexpected)
+    # sent to the client (0: not known yet; 499: it went away; 500: unexpected), set as
+    # it is known, final before settlement and the observers
+    status: int = 0
     error_code: str | None = None
     # why a request refused before any attempt is counted: rate_limit | budget | shed
     rejection: str | None = None

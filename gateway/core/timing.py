@@ -96,7 +96,7 @@ class RequestTimings:
     waits_s: dict[str, float] = field(default_factory=dict)  # add_wait names but "queue"
     _queue_started_s: float | None = None
     _upstream_started_s: float | None = None
-    _attempt_started_s: float | None = None  # the latest attempt, kept after it ends
+    attempt_started_s: float | None = None  # the latest attempt's start, kept after it ends
     _first_byte_s: float | None = None
     _first_token_s: float | None = None
     _last_token_s: float | None = None
@@ -127,7 +127,7 @@ class RequestTimings:
     def upstream_started(self) -> None:
         self.upstream_ended()  # a failed attempt that was never closed still counts
         self._final = None
-        self._upstream_started_s = self._attempt_started_s = self.clock()
+        self._upstream_started_s = self.attempt_started_s = self.clock()
         self._first_byte_s = None
         # what a failed attempt's backend reported is not the answering attempt's
         self.inference = UNKNOWN
@@ -181,9 +181,9 @@ class RequestTimings:
     @property
     def upstream_first_byte_ms(self) -> float | None:
         """The latest attempt's request sent → response headers (as in `split()`)."""
-        if self._first_byte_s is None or self._attempt_started_s is None:
+        if self._first_byte_s is None or self.attempt_started_s is None:
             return None
-        return _ms(self._first_byte_s - self._attempt_started_s)
+        return _ms(self._first_byte_s - self.attempt_started_s)
 
     # result ----------------------------------------------------------------
     def split(self) -> TimingSplit:

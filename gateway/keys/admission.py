@@ -65,13 +65,14 @@ def spend_key(ctx: RequestContext, view: KeyView) -> str:
 
 
 def _allowed(record: KeyRecord, ctx: RequestContext) -> bool:
-    if ctx.model in ctx.policy.routes:
+    model = ctx.record.requested_model
+    if model in ctx.policy.routes:
         globs = record.allow
-    elif ctx.model in ctx.policy.targets:
+    elif model in ctx.policy.targets:
         globs = record.allow_targets
     else:  # a tenant's route alias: its own name is what the key's `allow` lists
         globs = record.allow
-    return globs is None or any(fnmatchcase(ctx.model, glob) for glob in globs)
+    return globs is None or any(fnmatchcase(model, glob) for glob in globs)
 
 
 class KeyAdmission:
@@ -90,7 +91,8 @@ class KeyAdmission:
             return KeyAdmitted(self, await self.inner.admit(ctx), None)
         record = managed.record
         if not _allowed(record, ctx):
-            raise ModelNotFound(f"The model '{ctx.model}' does not exist or this key may "
+            raise ModelNotFound(f"The model '{ctx.record.requested_model}' does not exist "
+                                "or this key may "
                                 "not use it.", param="model")
         tenant = await self.inner.admit(ctx)
         if not record.limited:
@@ -118,8 +120,8 @@ class KeyAdmission:
         scopes: tuple[Scope, ...] = ()
         if record.requests_per_minute is not None or record.tokens_per_minute is not None:
             scopes = (Scope("key", record.requests_per_minute, record.tokens_per_minute),)
-        tokens = (ctx.estimated_input_tokens or 0) + expected_output_tokens(
-            ctx, ctx.policy.resolve_model(ctx.model, record.tenant))
+        tokens = (ctx.record.estimated_input_tokens or 0) + expected_output_tokens(
+            ctx, ctx.policy.resolve_model(ctx.record.requested_model, record.tenant))
         budget = BudgetLimits(record.budget_day_micros, record.budget_month_micros)
         try:
             decision = await self.limiter.store.admit(
@@ -154,10 +156,10 @@ class KeyAdmitted:
             owner = self.admission
             input_tokens, output_tokens = actual_tokens(ctx)
             cost = ctx.record.cost_micros or 0
-            target = ctx.target
-            owner.ledger.add(ctx.caller.tenant, spend_key(ctx, owner.view), ctx.model,
-                             ctx.record.route or "",
-                             target.backend_name if target is not None else "",
+            attempt = ctx.attempt
+            owner.ledger.add(ctx.caller.tenant, spend_key(ctx, owner.view),
+                             ctx.record.requested_model, ctx.record.route or "",
+                             attempt.target.backend_name if attempt is not None else "",
                              input_tokens=input_tokens, output_tokens=output_tokens,
                              cost_micros=cost)
             if self.reservation is not None:  # the key's own windows and budgets

@@ -11,10 +11,11 @@ own deadline running out first) is refunded in full, its tokens and the request 
 (RPM); one refused before any backend was chosen (a policy 403, a 400) counts.
 
 Admission hands back what it settles (`Admitted`, holding the limiter's ticket) and
-leaves on the context `estimated_input_tokens` and `budget_left_micros` (routing passes it as
-`RequestFeatures.tenant_budget_left_micro_usd`). Routing may set a dedicated target's
-`amortised_usd_per_mtok`; settlement charges it instead of the declared prices, and
-its charge is the request's cost everywhere (`record.cost_micros`).
+writes into the request record `estimated_input_tokens` and `budget_left_micros`
+(routing passes it as `RequestFeatures.tenant_budget_left_micro_usd`). A dedicated
+target that answered is charged the amortised price routing decided with
+(`RouteDecision.amortised_usd_per_mtok`) instead of the declared prices, and the charge
+is the request's cost everywhere (`record.cost_micros`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _output_per_choice(ctx: RequestContext, served: str | None) -> int:
         value = ctx.body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    route = ctx.policy.routes.get(ctx.model if served is None else served)
+    route = ctx.policy.routes.get(ctx.record.requested_model if served is None else served)
     if route is not None:
         return route.expected_output_tokens
     return 0 if ctx.endpoint.name == "embeddings" else 256
@@ -52,26 +53,27 @@ def _choices(body: dict[str, Any]) -> int:
 
 def actual_tokens(ctx: RequestContext) -> tuple[int, int]:
     """(input, output) tokens this request really used, as well as can be known."""
-    if ctx.record.cache == "hit":
-        return 0, 0  # answered from the response cache: no backend used any
     record = ctx.record
+    if record.cache == "hit":
+        return 0, 0  # answered from the response cache: no backend used any
     if record.input_tokens is not None or record.output_tokens is not None:
         return record.input_tokens or 0, record.output_tokens or 0  # as the backend said
+    estimated = record.estimated_input_tokens or 0
     if not ctx.bytes_sent:
-        last = ctx.attempts[-1] if ctx.attempts else None
+        last = record.attempt
         if last is not None and last.error is None and (last.status or 500) < 300:
             # a JSON reply that did not report usage: what was reserved for it
-            return ctx.estimated_input_tokens or 0, expected_output_tokens(ctx)
+            return estimated, expected_output_tokens(ctx)
         return 0, 0  # no backend answered (or it failed before streaming): nothing used
-    produced = ctx.sse_relay.content_events if ctx.sse_relay is not None else 0
-    return ctx.estimated_input_tokens or 0, produced
+    timings = record.timings  # content-bearing events relayed, one token each
+    return estimated, timings.tokens_relayed if timings is not None else 0
 
 
 def unanswered(ctx: RequestContext) -> bool:
     """Routed to backends, and none answered: nothing reached the client from one."""
     if not ctx.candidates or ctx.bytes_sent or ctx.record.cache == "hit":
         return False
-    return all(attempt.error is not None for attempt in ctx.attempts)
+    return all(attempt.error is not None for attempt in ctx.record.attempts)
 
 
 class LimitsAdmission:
@@ -82,14 +84,14 @@ class LimitsAdmission:
     async def admit(self, ctx: RequestContext) -> Admitted:
         identity = ctx.caller
         tenant = identity.tenant
-        input_tokens = self.tokens.count_request(ctx.body)
-        ctx.estimated_input_tokens = input_tokens
-        served = ctx.policy.resolve_model(ctx.model, tenant)
+        record = ctx.record
+        record.estimated_input_tokens = input_tokens = self.tokens.count_request(ctx.body)
+        served = ctx.policy.resolve_model(record.requested_model, tenant)
         route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
             ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx, served),
             key_hash=identity.key_hash, route=route)
-        ctx.budget_left_micros = ticket.remaining_budget_micros
+        record.budget_left_micros = ticket.remaining_budget_micros
         ctx.response_headers.update(ticket.headers)
         return Admitted(self.limiter, ticket)
 
@@ -107,9 +109,13 @@ class Admitted:
         ticket = self.ticket
         input_tokens, output_tokens = actual_tokens(ctx)
         cost = 0
-        if ctx.target is not None and (input_tokens or output_tokens):
-            cost = charged_micros(ctx.target.backend, ctx.target.spec, input_tokens,
-                                  output_tokens, amortised_usd_per_mtok=ctx.amortised_usd_per_mtok)
+        attempt, decision = ctx.attempt, ctx.decision
+        if attempt is not None and (input_tokens or output_tokens):
+            target = attempt.target
+            cost = charged_micros(
+                target.backend, target.spec, input_tokens, output_tokens,
+                amortised_usd_per_mtok=decision.amortised_usd_per_mtok(target.key)
+                if decision is not None else None)
         record = ctx.record
         record.cost_micros = cost
         if record.input_tokens is None and record.output_tokens is None and (

@@ -10,8 +10,8 @@ import logging
 
 from aiohttp import web
 
-from gateway.core.attempt_facts import AttemptFacts
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.attempt_facts import Attempt
+from gateway.core.context import RequestContext
 from gateway.core.deadline import DEADLINE_HEADER, Deadline
 from gateway.core.errors import BadRequest
 from gateway.core.failures import UpstreamFailure
@@ -47,6 +47,7 @@ class Forwarding:
         # attempt, and another candidate may serve it
         inexpressible: list[BadRequest] = []
         deadline, late = ctx.deadline, []  # fallbacks predicted not to fit what is left
+        record = ctx.record
         retry_settings = ctx.policy.file.resilience.retries
         self.retries.requested(retry_settings)
         tried = 0
@@ -76,8 +77,8 @@ class Forwarding:
                 else:
                     body = upstream.prepare(
                         path, ctx.raw, ctx.body, model=target.upstream_name,
-                        stream_usage=ctx.stream and not ctx.client_wants_usage,
-                        priority=ctx.record.priority)
+                        stream_usage=record.stream and not record.client_wants_usage,
+                        priority=record.priority)
             except BadRequest as refused:  # its API cannot express the request
                 inexpressible.append(refused)
                 unavailable.append(f"{target.key}: {refused.message}")
@@ -105,7 +106,7 @@ class Forwarding:
         if deadline is not None and (late or deadline.passed(ctx.timing.clock())):
             raise deadline_exceeded(ctx, [*unavailable, *late])
         if saturated and not failures:  # shed: 503 with the soonest Retry-After
-            raise BackendSaturated.for_all(ctx.model, saturated, unavailable)
+            raise BackendSaturated.for_all(record.requested_model, saturated, unavailable)
         if inexpressible and not failures:  # no candidate could take the request as sent
             raise inexpressible[0]
         raise exhausted(ctx, failures, unavailable)
@@ -116,34 +117,26 @@ class Forwarding:
         the response, or the failure when nothing reached the client (the caller may try
         again or move on); raises `BackendSaturated` when the queue refused it at the door."""
         deadline = ctx.deadline
-        attempt = Attempt(target=target)
-        ctx.attempts.append(attempt)
         # Entered and left by hand, not through an AsyncExitStack (measurably cheaper):
         # a refusal at the door moves on to the next candidate at no cost.
-        telemetry, record = self.telemetry, ctx.record
-        held = QueuedSlot(record, ctx.timing, target.backend_name,
+        telemetry, record, timing = self.telemetry, ctx.record, ctx.timing
+        held = QueuedSlot(record, timing, target.backend_name,
                           telemetry.metrics.queue_depth_of(target.backend_name),
                           self.hooks.queue.slot(ctx, target))
+        await held.__aenter__()
         try:
-            await held.__aenter__()
-        except BackendSaturated:
-            ctx.attempts.pop()
-            raise
-        try:
-            ctx.target = target
             # starts the upstream clock; this attempt's traceparent into the headers
-            facts = ctx.facts = AttemptFacts.start(
-                record, target, ctx.timing, telemetry.metrics.in_flight_of(target.backend_name),
+            attempt = ctx.attempt = Attempt.start(
+                record, target, timing, telemetry.metrics.in_flight_of(target.backend_name),
                 ctx.upstream_headers, telemetry.new_span_id)
-            attempt.record = facts.attempt
             timeouts = None
             if deadline is not None:  # after the queue: its wait came out of the budget
-                now = ctx.timing.clock()
+                now = timing.clock()
                 timeouts = deadline.attempt_timeouts(target.backend.timeouts, now)
                 left = deadline.header_value(now)
                 if left is not None:
                     ctx.upstream_headers[DEADLINE_HEADER] = left
-                    facts.left_ms(int(left))
+                    attempt.left_ms(int(left))
             band = upstream.band_header(record.priority)  # dedicated backends' schedulers
             if band is not None:
                 ctx.upstream_headers[PRIORITY_HEADER] = band
@@ -152,16 +145,16 @@ class Forwarding:
             result: web.StreamResponse | UpstreamFailure
             try:
                 response = await upstream.open(path, body, ctx.upstream_headers, timeouts)
-                facts.responded(response.headers, response.status)
-                if ctx.stream and response.content_type == "text/event-stream":
-                    result = await relay_stream(ctx, response)
+                attempt.responded(response.headers, response.status)
+                if record.stream and response.content_type == "text/event-stream":
+                    result = await relay_stream(ctx, attempt, response)
                 else:
-                    result = await relay_body(ctx, response)
+                    result = await relay_body(ctx, attempt, response)
             except UpstreamFailure as failure:
                 attempt.failure = failure
                 attempt.deadline_cut = deadline is not None and failure.timed_out \
-                    and deadline.cut_short(ctx.timing.clock())
-                facts.failed(failure.message, failure.status, failure.metric_reason)
+                    and deadline.cut_short(timing.clock())
+                attempt.failed(failure.message, failure.status, failure.metric_reason)
                 self._attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                          escaped(failure.message))  # may quote the backend
@@ -173,8 +166,8 @@ class Forwarding:
         if not isinstance(result, UpstreamFailure):
             broke = attempt.failure  # mid-stream, after bytes reached the client
             attempt.deadline_cut = broke is not None and deadline is not None \
-                and broke.timed_out and deadline.cut_short(ctx.timing.clock())
-            facts.end()
+                and broke.timed_out and deadline.cut_short(timing.clock())
+            attempt.end()
             self._attempt_finished(ctx, attempt)
         return result
 

@@ -23,18 +23,19 @@ from gateway.core.failures import UpstreamFailure
 def exhausted(ctx: RequestContext, failures: Sequence[UpstreamFailure],
               unavailable: Sequence[str]) -> GatewayError:
     """What the client is told when no candidate answered: the failures, in one error."""
+    model = ctx.record.requested_model
     if not failures:
         return NoBackendAvailable(
-            f"No backend can serve '{ctx.model}': " + "; ".join(unavailable) + ".")
+            f"No backend can serve '{model}': " + "; ".join(unavailable) + ".")
     summary = "; ".join(_describe(failure) for failure in failures)
     last = failures[-1]
     if last.cannot is not None and all(failure.cannot for failure in failures):
         # every backend tried said it cannot do this: the client's to change (400)
-        return BadRequest(f"No backend for '{ctx.model}' can serve this request as "
+        return BadRequest(f"No backend for '{model}' can serve this request as "
                           f"written: {summary}", param=last.cannot.param,
                           code=last.cannot.code)
     if len(failures) > 1 or unavailable:
-        summary = f"All candidates for '{ctx.model}' failed: {summary}" + (
+        summary = f"All candidates for '{model}' failed: {summary}" + (
             "; " + "; ".join(unavailable) if unavailable else "")
     if all(isinstance(failure, BackendRateLimited) for failure in failures):
         headers = {}
@@ -47,9 +48,11 @@ def exhausted(ctx: RequestContext, failures: Sequence[UpstreamFailure],
 
 
 def deadline_exceeded(ctx: RequestContext, skipped: Sequence[str]) -> DeadlinePassed:
-    tried = "; ".join(f"{attempt.target.key} ({(attempt.error or '').rstrip('.')})"
-                      for attempt in ctx.attempts)
-    text = f"The request's latency budget ran out before any backend answered '{ctx.model}'"
+    record = ctx.record
+    tried = "; ".join(f"{attempt.key} ({(attempt.error or '').rstrip('.')})"
+                      for attempt in record.attempts)
+    text = ("The request's latency budget ran out before any backend answered "
+            f"'{record.requested_model}'")
     text += f"; tried {tried}" if tried else "; nothing was tried"
     if skipped:
         text += "; not tried " + "; ".join(skipped)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.core.attempt_facts import note_usage
+from gateway.core.attempt_facts import Attempt, note_usage
 from gateway.core.context import RequestContext
 from gateway.core.drain import drain_cut_error, is_drain_cut
 from gateway.core.errors import UpstreamClientError
@@ -43,9 +43,11 @@ from gateway.upstream.pool import UpstreamResponse
 MAX_PARSED_REPLY_BYTES = 1 << 20
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
-async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeResponse:
-    name = ctx.target.backend_name if ctx.target else "?"
-    if ctx.stream and response.status < 300:  # never relay a shape the client did not ask for
+async def relay_body(ctx: RequestContext, attempt: Attempt,
+                     response: UpstreamResponse) -> WholeResponse:
+    name = attempt.target.backend_name
+    # never relay a shape the client did not ask for
+    if ctx.record.stream and response.status < 300:
         response.close()
         raise MalformedResponse(
             f"Backend '{name}' answered a streaming request with "
@@ -97,14 +99,11 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
                 f"JSON object ({len(data)} bytes of "
                 f"{response.headers.get('Content-Type', 'no stated type')}).",
                 status=status)
-        usage = reply.get("usage")
-        ctx.usage = usage if isinstance(usage, dict) else None
-        if ctx.facts is not None:
-            ctx.facts.reply(reply)
+        attempt.reply(reply)
     elif status < 300:
-        ctx.usage = usage_of(data)
-        if ctx.usage is not None:
-            note_usage(ctx.record, ctx.usage)
+        usage = usage_of(data)
+        if usage is not None:
+            note_usage(ctx.record, usage)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
                "X-Request-Id": ctx.request_id, **ctx.response_headers}
     for header in PASSTHROUGH_HEADERS:
@@ -113,13 +112,12 @@ async def relay_body(ctx: RequestContext, response: UpstreamResponse) -> WholeRe
     return WholeResponse(status=status, body=data, headers=headers)
 
 
-async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.StreamResponse:
-    name = ctx.target.backend_name if ctx.target else "?"
-    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage,
+async def relay_stream(ctx: RequestContext, attempt: Attempt,
+                       response: UpstreamResponse) -> web.StreamResponse:
+    name = attempt.target.backend_name
+    record = ctx.record
+    relay = SseRelay(strip_usage_chunk=not record.client_wants_usage,
                      max_event_bytes=ctx.policy.file.server.max_event_bytes)
-    ctx.sse_relay = relay  # settlement counts what a cut-short stream produced
-    facts = ctx.facts
-    assert facts is not None, "an attempt relays its own stream"
     content = response.content
     finished = False
     try:
@@ -146,9 +144,9 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
         await client.prepare(ctx.request)
         write, write_last = stream_writers(client, ctx.endpoint.dialect, ctx.cache_capture)
         ctx.bytes_sent = True
-        ctx.status = 200
+        record.status = 200
         try:
-            facts.relayed(out)
+            attempt.relayed(out)
             await write(out)
             failure: UpstreamFailure | None = None
             try:
@@ -157,12 +155,12 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
                 while data := await content.readany():
                     out = relay.feed(data)
                     if out:
-                        facts.relayed(out)
+                        attempt.relayed(out)
                         await write(out)
             except READ_ERRORS as exc:
                 failure = read_failure(exc, f"Backend '{name}' failed mid-stream: {exc!r}.")
             except MalformedEvent as exc:
-                facts.relayed(exc.forward)
+                attempt.relayed(exc.forward)
                 await write(exc.forward)
                 failure = MalformedResponse(_malformed(name, exc))
             else:
@@ -178,26 +176,27 @@ async def relay_stream(ctx: RequestContext, response: UpstreamResponse) -> web.S
             last_event = leftover or b""
             if failure is not None:
                 relay.drop_partial()
-                ctx.attempts[-1].failure = failure  # its kind, for ejection and metrics
-                facts.broke(failure.metric_reason)
-                ctx.error = failure.error
-                last_event = error_event(ctx.error.body())
-            facts.relayed(last_event)
-            ctx.usage = relay.usage
-            facts.body(relay.usage_chunk)
+                attempt.failure = failure  # its kind, for ejection and metrics
+                attempt.broke(failure.metric_reason)
+                error = failure.error
+                record.error_code = error.code
+                last_event = error_event(error.body())
+            attempt.relayed(last_event)
+            attempt.body(relay.usage_chunk)
             ctx.timing.upstream_ended()
             tail = last_event + comment("server-timing " + ctx.timing.server_timing())
             # the last bytes and the chunked terminator leave in one transport write
             await write_last(tail + DONE_EVENT if relay.done and failure is None else tail)
         except ConnectionResetError:  # the client went away between two writes
-            ctx.status = CLIENT_CLOSED
+            record.status = CLIENT_CLOSED
             finished = False
         except asyncio.CancelledError as exc:
             if is_drain_cut(exc):  # the process is stopping: the client is told why
-                ctx.error = drain_cut_error()
+                cut = drain_cut_error()
+                record.error_code = cut.code
                 relay.drop_partial()
                 with contextlib.suppress(ConnectionResetError):
-                    await write_last(error_event(ctx.error.body()))
+                    await write_last(error_event(cut.body()))
             raise
         return client
     finally:

@@ -14,7 +14,7 @@
                     fallback to the next candidate on connect errors, timeouts, 429 and
                     5xx, while no byte has reached the client (hooks.max_attempts), and
                     past a backend whose API cannot express the request (a 400 if none can)
-    settle          hooks.admission.settle      (always, once admitted; ctx.usage)
+    settle          hooks.admission.settle      (always, once admitted; the record's usage)
     keep            hooks.cache.keep            (an answer the route's cache may keep)
     answer          a dialect's whole answer re-encoded (Messages, Responses), so the
                     status recorded is the one the client gets
@@ -23,6 +23,10 @@
 
 Observers are told `request_started`, `attempt_finished` after each try and
 `request_finished` at the very end (status, usage and error are final by then).
+
+Facts go into the request record as they are learnt (`ctx.record`: what was asked
+for, the status, the error's code); the context holds the live objects only
+(`gateway/core/context.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import orjson
 from aiohttp import web
 
 from gateway.core.auth import TENANT_HEADER, Authenticator
-from gateway.core.context import Endpoint, RequestContext
+from gateway.core.context import Body, Endpoint, RequestContext
 from gateway.core.deadline import Deadline, budgets_ms
 from gateway.core.errors import (
     TIMING_KEY,
@@ -91,11 +95,11 @@ class Pipeline(Forwarding):
             await self.send(ctx, response)
             return response
         except asyncio.CancelledError:
-            ctx.status = CLIENT_CLOSED
+            ctx.record.status = CLIENT_CLOSED
             raise
         except BaseException:
             if not ctx.bytes_sent:
-                ctx.status = None  # an unexpected exception, which the middleware answers
+                ctx.record.status = 0  # an unexpected exception, which the middleware answers
             raise
         finally:
             await self.finish(ctx, admitted, kept)
@@ -108,8 +112,12 @@ class Pipeline(Forwarding):
         record.tenant, record.auth = identity.tenant, identity.auth
         record.priority = self.priority(ctx, identity.tenant)
         await self.read_body(ctx)
-        await self.parse(ctx)
-        note_request(record, ctx.endpoint.name, ctx.model, ctx.stream, ctx.body)
+        body = json_object(ctx.raw)
+        dialect = ctx.endpoint.dialect
+        if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
+            body = await dialect.request(ctx, body)
+            ctx.raw = orjson.dumps(body)
+        self.parse(ctx, body)
         with record.step("routegate.rate_limit"):
             return await self.hooks.admission.admit(ctx)
 
@@ -120,17 +128,20 @@ class Pipeline(Forwarding):
         its plan and the answer as the backend gave it, to keep."""
         with ctx.record.step("routegate.route"):
             self.route(ctx)
-            note_decision(ctx.record, ctx.model, ctx.candidates, ctx.decision)
+            note_decision(ctx.record, ctx.record.requested_model, ctx.candidates,
+                          ctx.decision)
         cache = self.hooks.cache
         plan = cache.plan(ctx)  # None (most routes): no cache step at all
         cached = await cache.serve(ctx, plan) if plan is not None else None
         response = cached if cached is not None else await self.forward(ctx)
-        ctx.status = response.status if ctx.status is None else ctx.status
+        record = ctx.record
+        if not record.status:  # a stream's is set as its head is written
+            record.status = response.status
         kept = (plan, response) if plan is not None else None
         dialect = ctx.endpoint.dialect
         if dialect is not None and isinstance(response, WholeResponse) and not response.prepared:
             response = await dialect.whole_answer(response)
-            ctx.status = response.status
+            record.status = response.status
         return response, kept
 
     def refused(self, ctx: RequestContext, exc: GatewayError) -> WholeResponse:
@@ -138,11 +149,12 @@ class Pipeline(Forwarding):
         # Its traceback and cause hold the frames of the steps that raised it, and they
         # the context, which refers back to it: a cycle only the collector would free.
         exc.__traceback__ = exc.__cause__ = exc.__context__ = None
-        ctx.error, ctx.status = exc, exc.status
+        ctx.error = exc
+        record = ctx.record
+        record.status, record.error_code = exc.status, exc.code
         exc.headers.setdefault("X-Request-Id", ctx.request_id)
         for name, value in ctx.response_headers.items():
             exc.headers.setdefault(name, value)
-        record = ctx.record
         if not record.attempts:  # refused before any attempt: a limit or a shed?
             record.rejection, record.rejected_limit = exc.rejection, exc.rejected_limit
         log_error(log, ctx.request, exc)
@@ -158,7 +170,7 @@ class Pipeline(Forwarding):
                 await response.prepare(ctx.request)
                 await response.write_eof()
             except ConnectionResetError:  # the client went away before it had it all
-                ctx.status = CLIENT_CLOSED
+                ctx.record.status = CLIENT_CLOSED
                 return
         if ctx.error is not None and ctx.error.ends_connection:
             # the client stopped sending: close rather than linger reading what is left
@@ -169,6 +181,8 @@ class Pipeline(Forwarding):
         """After the last byte (or the disconnect): settlement, the cache, observers and
         the record's reporters, each once."""
         record = ctx.record
+        if not record.status:  # an unexpected exception, which the middleware answers
+            record.status = 500
         try:
             if admitted is not None:
                 await admitted.settle(ctx)
@@ -177,11 +191,8 @@ class Pipeline(Forwarding):
         finally:
             for observer in self.hooks.observers:
                 observer.request_finished(ctx)
-            if ctx.facts is not None:  # a disconnect or an error may leave it open
-                ctx.facts.end()
-            # no status: an unexpected exception, which the middleware answers with a 500
-            record.status = ctx.status if ctx.status is not None else 500
-            record.error_code = ctx.error.code if ctx.error is not None else None
+            if ctx.attempt is not None:  # a disconnect or an error may leave it open
+                ctx.attempt.end()
             self.telemetry.finish(record)
 
     def begin(self, request: web.Request, endpoint: Endpoint) -> RequestContext:
@@ -207,33 +218,33 @@ class Pipeline(Forwarding):
         ctx.raw = await read_limited(ctx.request, server.max_body_bytes,
                                      server.body_read_timeout_s)
 
-    async def parse(self, ctx: RequestContext) -> None:
-        body = json_object(ctx.raw)
-        dialect = ctx.endpoint.dialect
-        if dialect is not None:  # e.g. an Anthropic Messages request, as a chat completion
-            body = await dialect.request(ctx, body)
-            ctx.raw = orjson.dumps(body)
+    def parse(self, ctx: RequestContext, body: Body) -> None:
+        """The body, parsed (and translated by the endpoint's dialect): checked, and what
+        it asks for written into the record."""
         ctx.body = body
-        ctx.model = model_name(body)
+        model = model_name(body)
         ctx.endpoint.check(body)
         caller = ctx.caller
         tenant, key_hash = caller.tenant, caller.key_hash
-        served = ctx.policy.usable(ctx.model, tenant, key_hash)
+        policy = ctx.policy
+        served = policy.usable(model, tenant, key_hash)
         if served is None:
-            unserved = unserved_model(ctx.policy, ctx.model, ctx.policy.access_of(tenant, key_hash))
+            unserved = unserved_model(policy, model, policy.access_of(tenant, key_hash))
             raise ModelNotFound(unserved.message, param="model",
                                 code="model_disabled" if unserved.disabled else None)
-        self.refuse_unless_a_backend_is_up(ctx, served)
-        ctx.stream = body.get("stream") is True
+        self.refuse_unless_a_backend_is_up(ctx, model, served)
+        record = ctx.record
+        note_request(record, ctx.endpoint.name, model, body.get("stream") is True, body)
         options = body.get("stream_options")
-        ctx.client_wants_usage = bool(options and options.get("include_usage") is True)
+        record.client_wants_usage = bool(options and options.get("include_usage") is True)
         headers = ctx.request.headers
         ctx.upstream_headers["X-Request-Id"] = ctx.request_id
         for name in _TRACE_HEADERS:
             if name in headers:
                 ctx.upstream_headers[name] = headers[name]
 
-    def refuse_unless_a_backend_is_up(self, ctx: RequestContext, served: str) -> None:
+    def refuse_unless_a_backend_is_up(self, ctx: RequestContext, model: str,
+                                      served: str) -> None:
         """A request none of whose backends is up (a launched one still starting) is
         refused before it is admitted, so it costs the caller nothing of its limits."""
         policy, pool = ctx.policy, self.pool
@@ -243,7 +254,7 @@ class Pipeline(Forwarding):
             target = policy.targets[key]
             if pool.is_up(target.backend_name, target.backend):
                 return
-        raise NoBackendAvailable(f"No backend can serve '{ctx.model}': " + "; ".join(
+        raise NoBackendAvailable(f"No backend can serve '{model}': " + "; ".join(
             f"{key}: {pool.unavailable_reason(policy.targets[key].backend_name)}"
             for key in keys) + ".")
 
@@ -251,7 +262,7 @@ class Pipeline(Forwarding):
         # an Anthropic backend has no /embeddings: routing never picks what cannot serve
         ctx.candidates = self.pool.serving(ctx.endpoint.path, self.hooks.router(ctx))
         if not ctx.candidates:
-            raise NoBackendAvailable(f"No backend can serve '{ctx.model}' now.")
+            raise NoBackendAvailable(f"No backend can serve '{ctx.record.requested_model}' now.")
         ctx.deadline = self.deadline(ctx)
 
     @staticmethod
@@ -263,5 +274,5 @@ class Pipeline(Forwarding):
             ttft_ms, total_ms = features.ttft_budget_ms, features.total_budget_ms
         else:
             ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.policy.resolve_model(
-                ctx.model, ctx.caller.tenant), ctx.request.headers)
+                ctx.record.requested_model, ctx.caller.tenant), ctx.request.headers)
         return Deadline.of(ctx.timing.start, ttft_ms, total_ms)

@@ -19,7 +19,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.attempt_facts import Attempt
+from gateway.core.context import RequestContext
 from policies.load import Policy
 from routing.decide import RouteDecision, Router
 from routing.features import (
@@ -89,7 +90,7 @@ class ShadowPolicy:
         return None
 
     def request_finished(self, ctx: RequestContext) -> None:
-        if ctx.identity is None or not ctx.model or not ctx.body:
+        if ctx.identity is None or not ctx.record.requested_model or not ctx.body:
             return  # refused before it was parsed: nothing to decide
         try:
             self.compare(ctx)
@@ -136,7 +137,8 @@ class ShadowPolicy:
         tenant = self.policy.file.tenants.get(live.tenant)
         # The asked-for model, not the live route: the candidate's own tenant `routes`
         # overrides decide where it goes (an unknown name: the decision says so).
-        route_name = self.policy.resolve_model(ctx.model, live.tenant) or ctx.model or live.route
+        model = ctx.record.requested_model
+        route_name = self.policy.resolve_model(model, live.tenant) or model or live.route
         output_tokens = live.output_tokens
         try:
             route = route_for(self.policy, route_name)

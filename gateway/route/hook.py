@@ -35,7 +35,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.core.context import Attempt, RequestContext
+from gateway.core.attempt_facts import Attempt
+from gateway.core.context import RequestContext
 from gateway.core.errors import (
     BadRequest,
     Forbidden,
@@ -51,7 +52,7 @@ from policies.capabilities import ModelCapabilities
 from policies.load import ModelTarget, Policy
 from routing.capabilities import Learned, bits_for_param
 from routing.compliance import REASON_EJECTED, REASON_UNHEALTHY
-from routing.decide import Candidate, Rejection, RouteDecision, Router
+from routing.decide import Rejection, RouteDecision, Router
 from routing.features import FeatureError, build_features
 from routing.outliers import Ejections
 from routing.pii import PiiScanner
@@ -140,8 +141,8 @@ class RoutingHook:
             features = build_features(
                 ctx.body, ctx.request.headers, ctx.policy, tenant, tokens=self.tokens,
                 pii=compiled.pii, stats=stats,
-                tenant_budget_left_micro_usd=ctx.budget_left_micros,
-                input_tokens=ctx.estimated_input_tokens,
+                tenant_budget_left_micro_usd=ctx.record.budget_left_micros,
+                input_tokens=ctx.record.estimated_input_tokens,
                 key_hash=caller.key_hash)
         except FeatureError as exc:
             if exc.not_found:
@@ -174,7 +175,7 @@ class RoutingHook:
 
     def attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
         decision = ctx.decision
-        if not isinstance(decision, RouteDecision):
+        if decision is None:
             return
         key = attempt.target.key
         now = monotonic()
@@ -203,10 +204,10 @@ class RoutingHook:
             if isinstance(failure, BackendRateLimited):  # busy, not broken: a wait
                 self.stats.record_busy(key, now, retry_after_s=failure.retry_after_s)
             return
-        started = ctx.attempt_started_s
+        timing = ctx.timing
+        started = timing.attempt_started_s
         if started is None:
             return
-        timing = ctx.timing
         total_ms = (timing.clock() - started) * 1000.0
         ttft_ms = network_ms = None
         request_ttft_ms = timing.ttft_ms
@@ -216,7 +217,7 @@ class RoutingHook:
             # An SSE server sends its headers before prefill: a fair round trip.
             network_ms = timing.upstream_first_byte_ms
         output = ctx.record.output_tokens or 0  # as the backend reported them
-        candidate = _candidate(decision, key)
+        candidate = decision.candidate(key)
         error = self.stats.record_success(
             key, network_ms=network_ms, ttft_ms=ttft_ms, total_ms=total_ms,
             output_tokens=output,
@@ -267,19 +268,9 @@ class _CountedSlot:
             self._stats.request_left_queue(target.key)
             raise
         self._stats.request_started(target.key, queued=True)
-        ctx.attempt_started_s = ctx.timing.clock()
         self._hook.ejections.attempt_started(
             target.key, monotonic(), ctx.policy.file.resilience.outlier_detection)
         ctx.response_headers[ROUTE_HEADER] = target.key  # tried last, or answered
-        decision = ctx.decision
-        candidate = _candidate(decision, target.key)
-        if decision is not None and candidate is not None and \
-                target.backend.deployment == "dedicated":
-            tokens = decision.features.input_tokens + decision.features.output_tokens
-            # µUSD per token is USD per million tokens: what settlement charges.
-            ctx.amortised_usd_per_mtok = candidate.cost_micro_usd / max(tokens, 1)
-        else:
-            ctx.amortised_usd_per_mtok = None
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         traceback: Any) -> bool | None:
@@ -287,14 +278,6 @@ class _CountedSlot:
             return await self._inner.__aexit__(kind, exc, traceback)
         finally:
             self._stats.request_finished(self._target.key)
-
-
-def _candidate(decision: object, key: str) -> Candidate | None:
-    if isinstance(decision, RouteDecision):
-        for candidate in decision.candidates:
-            if candidate.key == key:
-                return candidate
-    return None
 
 
 def _error(rejection: Rejection, back_in_s: float | None) -> GatewayError:

@@ -171,7 +171,7 @@ def salt_for(ctx: RequestContext, backend: Backend) -> str | None:
     policy = ctx.policy
     tenant = ctx.identity.tenant if ctx.identity is not None else \
         policy.file.auth.anonymous.tenant
-    route = policy.file.routes.get(ctx.record.route or ctx.model)
+    route = policy.file.routes.get(ctx.record.route or ctx.record.requested_model)
     setting = route.prefix_cache if route is not None else None
     if setting is None:
         spec = policy.file.tenants.get(tenant)

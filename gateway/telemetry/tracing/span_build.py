@@ -74,8 +74,8 @@ def _root_span(record: RequestRecord) -> SpanData:
         (a.RG_REQUEST_ID, record.request_id),
         *trace.root_attributes,
         (a.RG_TENANT, record.tenant), (a.RG_BATCH_ID, record.batch_id),
-        (a.GEN_AI_REQUEST_MODEL, record.requested_model),
-        (a.RG_STREAM, record.stream if record.requested_model is not None else None),
+        (a.GEN_AI_REQUEST_MODEL, record.requested_model or None),  # "": not parsed
+        (a.RG_STREAM, record.stream if record.requested_model else None),
         (a.GEN_AI_OPERATION_NAME, record.operation),
         (a.GEN_AI_REQUEST_MAX_TOKENS, record.max_tokens),
         (a.GEN_AI_REQUEST_TEMPERATURE, record.temperature),

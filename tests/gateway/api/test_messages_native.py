@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from gateway.api.messages_native import NativeMessageEvents
-from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.attempt_facts import Attempt
 from tests.gateway.core.test_record_facts import attempt, begin, traced
 from tests.gateway.telemetry.scripted_request import target
 
@@ -68,7 +68,7 @@ def test_the_gateways_own_error_event_is_sent_in_anthropics_shape() -> None:
 def test_a_messages_reply_gives_its_stop_reason_as_the_finish_reason() -> None:
     telemetry, _, _ = traced()
     record = begin(telemetry)
-    facts: AttemptFacts = attempt(telemetry, record, target("claude"))
+    facts: Attempt = attempt(telemetry, record, target("claude"))
 
     facts.reply({"type": "message", "stop_reason": "tool_use",
                  "usage": {"input_tokens": 3, "output_tokens": 2}})

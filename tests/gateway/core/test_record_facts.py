@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.core.attempt_facts import AttemptFacts, content_events
+from gateway.core.attempt_facts import Attempt, content_events
 from gateway.core.errors import GatewayError
 from gateway.core.record import RequestRecord
 from gateway.limits.limiter import BudgetExceeded, RequestsLimitExceeded, TokensLimitExceeded
@@ -44,9 +44,9 @@ def begin(telemetry: Telemetry) -> RequestRecord:
                            headers={})
 
 
-def attempt(telemetry: Telemetry, record: RequestRecord, to: ModelTarget) -> AttemptFacts:
+def attempt(telemetry: Telemetry, record: RequestRecord, to: ModelTarget) -> Attempt:
     assert record.timings is not None
-    return AttemptFacts.start(record, to, record.timings,
+    return Attempt.start(record, to, record.timings,
                               telemetry.metrics.in_flight_of(to.backend_name), {},
                               telemetry.new_span_id)
 

@@ -37,7 +37,7 @@ class SlowObserver:
     """Holds the event loop (a blocking call) when told a request finished."""
 
     def __init__(self) -> None:
-        self.finished: list[int | None] = []
+        self.finished: list[int] = []
 
     def request_started(self, ctx: RequestContext) -> None:
         return None
@@ -47,21 +47,21 @@ class SlowObserver:
 
     def request_finished(self, ctx: RequestContext) -> None:
         time.sleep(SLOW_S)
-        self.finished.append(ctx.status)
+        self.finished.append(ctx.record.status)
 
 
 class SlowSettlement:
     """An admission whose settlement takes a long round trip (a slow ledger)."""
 
     def __init__(self) -> None:
-        self.settled: list[int | None] = []
+        self.settled: list[int] = []
 
     async def admit(self, ctx: RequestContext) -> SlowSettlement:
         return self
 
     async def settle(self, ctx: RequestContext) -> None:
         await asyncio.sleep(SLOW_S)
-        self.settled.append(ctx.status)
+        self.settled.append(ctx.record.status)
 
 
 def _answer_time(port: int, into: list[float]) -> None:

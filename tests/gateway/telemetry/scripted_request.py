@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gateway.core.attempt_facts import AttemptFacts
+from gateway.core.attempt_facts import Attempt
 from gateway.core.record import RequestRecord
 from gateway.pipeline.queue_wait import QueuedSlot
 from gateway.pipeline.request_facts import note_request
@@ -74,7 +74,7 @@ async def scripted_request(
                           WaitingSlot(lambda: tick(5))):
         pass
     out: dict[str, str] = dict(headers or {})
-    facts = AttemptFacts.start(record, target(backend), timings, metrics.in_flight_of(backend),
+    facts = Attempt.start(record, target(backend), timings, metrics.in_flight_of(backend),
                                out, telemetry.new_span_id)
     if injected is not None:
         injected.update(out)
