@@ -91,8 +91,7 @@ class ResponsesCall:
     # -- the Dialect --------------------------------------------------------------------
     async def request(self, ctx: RequestContext, body: Body) -> Body:
         self.ctx, self.raw, self.source = ctx, ctx.raw, body
-        if ctx.identity is not None:
-            self.tenant = ctx.identity.tenant
+        self.tenant = ctx.identity.tenant
         previous = body.get("previous_response_id")
         if previous is not None:
             if not isinstance(previous, str):

@@ -80,7 +80,7 @@ class ResponseCache:
                        pii_found=bool(features is not None and features.pii))
         tenant = None
         if settings.scope == "tenant":
-            tenant = ctx.caller.tenant
+            tenant = ctx.identity.tenant
         return Plan(route, settings, cache_key(route, ctx.body, _CHAT, tenant), mode)
 
     def _note(self, ctx: RequestContext, outcome: str) -> None:

@@ -38,6 +38,10 @@ class Identity:
         return "unknown_key" if self.unknown_key else "anonymous" if self.anonymous else "key"
 
 
+# A request's identity until authentication, its first step, replaces it: no tenant.
+UNAUTHENTICATED = Identity(tenant="", key_hash=None)
+
+
 def key_hash(key: str) -> str:
     # a header's bytes that are not UTF-8 came decoded with surrogateescape: hash the bytes
     return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()

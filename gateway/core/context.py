@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.core.attempt_facts import Attempt
-from gateway.core.auth import Identity
+from gateway.core.auth import UNAUTHENTICATED, Identity
 from gateway.core.deadline import Deadline
 from gateway.core.errors import GatewayError
 from gateway.core.record import RequestRecord
@@ -81,7 +81,9 @@ class RequestContext:
     timing: RequestTimings
     request_id: str
     record: RequestRecord  # what this request did, for every report on it
-    identity: Identity | None = None
+    # who is asking (the anonymous tenant included): authentication is the first step,
+    # so every plug-in runs after it has replaced UNAUTHENTICATED
+    identity: Identity = UNAUTHENTICATED
     raw: bytes = b""  # the body exactly as the client sent it
     body: Body = field(default_factory=dict)  # parsed once; treat as read-only
     candidates: Sequence[ModelTarget] = ()  # ordered: primary first, then fallbacks
@@ -100,12 +102,3 @@ class RequestContext:
     # (rate-limit state, the routing decision): on the relayed response, and on an error
     # through `GatewayError.headers` (its own values win, e.g. a 429's).
     response_headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def caller(self) -> Identity:
-        """Who is asking (the anonymous tenant included): authentication is the first
-        step, so every plug-in runs after it."""
-        identity = self.identity
-        if identity is None:
-            raise RuntimeError("the request is not authenticated yet")
-        return identity

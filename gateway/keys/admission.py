@@ -56,7 +56,7 @@ def spend_key(ctx: RequestContext, view: KeyView) -> str:
     """Who to charge in the spend ledger: a managed key's id, a policy key's hash
     prefix, or "" for anonymous callers."""
     identity = ctx.identity
-    if identity is None or identity.key_hash is None:
+    if identity.key_hash is None:
         return ""
     managed = view.entry(identity.key_hash)
     if managed is not None:
@@ -85,7 +85,7 @@ class KeyAdmission:
         self._clock = clock
 
     async def admit(self, ctx: RequestContext) -> KeyAdmitted:
-        identity = ctx.caller
+        identity = ctx.identity
         managed = self.view.entry(identity.key_hash) if identity.key_hash is not None else None
         if managed is None:
             return KeyAdmitted(self, await self.inner.admit(ctx), None)
@@ -157,7 +157,7 @@ class KeyAdmitted:
             input_tokens, output_tokens = actual_tokens(ctx)
             cost = ctx.record.cost_micros or 0
             attempt = ctx.attempt
-            owner.ledger.add(ctx.caller.tenant, spend_key(ctx, owner.view),
+            owner.ledger.add(ctx.identity.tenant, spend_key(ctx, owner.view),
                              ctx.record.requested_model, ctx.record.route or "",
                              attempt.target.backend_name if attempt is not None else "",
                              input_tokens=input_tokens, output_tokens=output_tokens,

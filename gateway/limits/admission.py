@@ -82,7 +82,7 @@ class LimitsAdmission:
         self.tokens = tokens or TokenCounter()
 
     async def admit(self, ctx: RequestContext) -> Admitted:
-        identity = ctx.caller
+        identity = ctx.identity
         tenant = identity.tenant
         record = ctx.record
         record.estimated_input_tokens = input_tokens = self.tokens.count_request(ctx.body)

@@ -108,7 +108,7 @@ class Pipeline(Forwarding):
         record = ctx.record
         with record.step("routegate.auth"):
             self.authenticate(ctx)
-        identity = ctx.caller
+        identity = ctx.identity
         record.tenant, record.auth = identity.tenant, identity.auth
         record.priority = self.priority(ctx, identity.tenant)
         await self.read_body(ctx)
@@ -224,7 +224,7 @@ class Pipeline(Forwarding):
         ctx.body = body
         model = model_name(body)
         ctx.endpoint.check(body)
-        caller = ctx.caller
+        caller = ctx.identity
         tenant, key_hash = caller.tenant, caller.key_hash
         policy = ctx.policy
         served = policy.usable(model, tenant, key_hash)
@@ -274,5 +274,5 @@ class Pipeline(Forwarding):
             ttft_ms, total_ms = features.ttft_budget_ms, features.total_budget_ms
         else:
             ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.policy.resolve_model(
-                ctx.record.requested_model, ctx.caller.tenant), ctx.request.headers)
+                ctx.record.requested_model, ctx.identity.tenant), ctx.request.headers)
         return Deadline.of(ctx.timing.start, ttft_ms, total_ms)

@@ -90,7 +90,7 @@ class ShadowPolicy:
         return None
 
     def request_finished(self, ctx: RequestContext) -> None:
-        if ctx.identity is None or not ctx.record.requested_model or not ctx.body:
+        if not ctx.record.requested_model or not ctx.body:
             return  # refused before it was parsed: nothing to decide
         try:
             self.compare(ctx)
@@ -102,7 +102,6 @@ class ShadowPolicy:
 
     # -------------------------------------------------------------------------------------
     def compare(self, ctx: RequestContext) -> tuple[RouteDecision, RouteDecision] | None:
-        assert ctx.identity is not None
         now = self._clock()
         stats = self._stats()
         live = ctx.decision if isinstance(ctx.decision, RouteDecision) else None

@@ -102,7 +102,7 @@ class _Slot:
     async def _acquire_all(self) -> None:
         """A slot in each of the target's queues (its own, then its backend's), or none."""
         ctx, target, queues = self._ctx, self._target, self._hook.queues
-        tenant = ctx.caller.tenant
+        tenant = ctx.identity.tenant
         # the band the pipeline chose (a batch line: the lowest, whatever its tenant)
         priority, deadline = _band(ctx.record.priority), self._hook.deadline(ctx)
         tickets = self._tickets

@@ -134,7 +134,7 @@ class RoutingHook:
 
     def __call__(self, ctx: RequestContext) -> Sequence[ModelTarget]:
         compiled = self._for(ctx.policy)
-        caller = ctx.caller
+        caller = ctx.identity
         tenant = caller.tenant
         stats = self.stats.snapshot()
         try:

@@ -169,8 +169,7 @@ def salt_for(ctx: RequestContext, backend: Backend) -> str | None:
     """The cache salt of this request on `backend`; None where the route or the tenant
     shares the cache (`prefix_cache: shared`)."""
     policy = ctx.policy
-    tenant = ctx.identity.tenant if ctx.identity is not None else \
-        policy.file.auth.anonymous.tenant
+    tenant = ctx.identity.tenant
     route = policy.file.routes.get(ctx.record.route or ctx.record.requested_model)
     setting = route.prefix_cache if route is not None else None
     if setting is None:
