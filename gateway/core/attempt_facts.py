@@ -153,8 +153,10 @@ class Attempt:
             note_usage(record, usage)
         choices = body.get("choices")
         if isinstance(choices, list):
-            reasons = [c.get("finish_reason") for c in choices if isinstance(c, Mapping)]
-            record.finish_reasons.extend(r for r in reasons if isinstance(r, str))
+            for choice in choices:
+                reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+                if isinstance(reason, str):
+                    record.finish_reasons.append(reason)
         elif isinstance(body.get("stop_reason"), str):  # an Anthropic message, as it came
             record.finish_reasons.append(body["stop_reason"])
         if isinstance(body.get("model"), str):

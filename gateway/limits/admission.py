@@ -73,7 +73,9 @@ def unanswered(ctx: RequestContext) -> bool:
     """Routed to backends, and none answered: nothing reached the client from one."""
     if not ctx.candidates or ctx.bytes_sent or ctx.record.cache == "hit":
         return False
-    return all(attempt.error is not None for attempt in ctx.record.attempts)
+    # the pipeline stops at the first attempt that answers: the last one says it
+    attempt = ctx.record.attempt
+    return attempt is None or attempt.error is not None
 
 
 class LimitsAdmission:

@@ -155,7 +155,8 @@ class Forwarding:
                 attempt.deadline_cut = deadline is not None and failure.timed_out \
                     and deadline.cut_short(timing.clock())
                 attempt.failed(failure.message, failure.status, failure.metric_reason)
-                self._attempt_finished(ctx, attempt)
+                for observer in self.hooks.observers:
+                    observer.attempt_finished(ctx, attempt)
                 log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
                          escaped(failure.message))  # may quote the backend
                 result = failure
@@ -168,12 +169,9 @@ class Forwarding:
             attempt.deadline_cut = broke is not None and deadline is not None \
                 and broke.timed_out and deadline.cut_short(timing.clock())
             attempt.end()
-            self._attempt_finished(ctx, attempt)
+            for observer in self.hooks.observers:
+                observer.attempt_finished(ctx, attempt)
         return result
-
-    def _attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
-        for observer in self.hooks.observers:
-            observer.attempt_finished(ctx, attempt)
 
 
 def _misfit(ctx: RequestContext, deadline: Deadline, key: str) -> str | None:
