@@ -32,22 +32,20 @@ from gateway.core.usage import cached_tokens, reported_tokens
 from policies.load import ModelTarget
 
 # Compact JSON, as most OpenAI-compatible servers send it: counted with C-speed byte
-# searches so a token stream is never parsed event by event.
-_CONTENT = (b'"content":"', b'"text":"')
-_EMPTY = (b'"content":""', b'"text":""')
-# Python's json.dumps (some servers' chunks) writes a space after each colon.
+# searches so a token stream is never parsed event by event. Python's json.dumps (some
+# servers' chunks) writes a space after each colon.
 _SPACED = b'": "'
-_SPACED_CONTENT = (b'"content": "', b'"text": "')
-_SPACED_EMPTY = (b'"content": ""', b'"text": ""')
 _FINISH = re.compile(rb'"finish_reason":\s*"([A-Za-z_]{1,40})"')
 
 
 def content_events(data: bytes) -> int:
     """Chunks in `data` whose delta carries non-empty text."""
-    count = sum(data.count(m) for m in _CONTENT) - sum(data.count(m) for m in _EMPTY)
+    count = (data.count(b'"content":"') + data.count(b'"text":"')
+             - data.count(b'"content":""') - data.count(b'"text":""'))
     if count or _SPACED not in data:
         return count
-    return sum(data.count(m) for m in _SPACED_CONTENT) - sum(data.count(m) for m in _SPACED_EMPTY)
+    return (data.count(b'"content": "') + data.count(b'"text": "')
+            - data.count(b'"content": ""') - data.count(b'"text": ""'))
 
 
 def note_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:

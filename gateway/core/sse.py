@@ -129,10 +129,12 @@ class SseRelay:
         return kept
 
     def _keep(self, event: bytes, before: list[bytes]) -> bool:
-        lines = event[:-2].split(b"\n")
-        if not all(line.startswith(_FIELDS) for line in lines):
-            self._malformed("a line that is not an SSE field", before)
-        data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+        data = []
+        for line in event[:-2].split(b"\n"):
+            if not line.startswith(_FIELDS):
+                self._malformed("a line that is not an SSE field", before)
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
         if not data:  # a comment, or fields without data
             return True
         payload = data[0] if len(data) == 1 else b"\n".join(data)
