@@ -120,6 +120,9 @@ class RequestRecord:
     requested_model: str = ""  # a route name or "backend/model" ("": not parsed yet)
     stream: bool = False
     client_wants_usage: bool = False  # a stream's `stream_options.include_usage`
+    # the route or target key serving `requested_model` for this caller (its tenant's
+    # `routes` applied; None: not parsed yet)
+    served_model: str | None = None
     operation: str | None = None  # GenAI operation: chat, text_completion, embeddings
     max_tokens: int | None = None
     temperature: float | None = None

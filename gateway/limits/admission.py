@@ -88,7 +88,7 @@ class LimitsAdmission:
         tenant = identity.tenant
         record = ctx.record
         record.estimated_input_tokens = input_tokens = self.tokens.count_request(ctx.body)
-        served = ctx.policy.resolve_model(record.requested_model, tenant)
+        served = record.served_model
         route = served if served in ctx.policy.routes else None
         ticket = await self.limiter.admit(
             ctx.policy, tenant, tokens=input_tokens + expected_output_tokens(ctx, served),

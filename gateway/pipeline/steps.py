@@ -234,6 +234,7 @@ class Pipeline(Forwarding):
                                 code="model_disabled" if unserved.disabled else None)
         self.refuse_unless_a_backend_is_up(ctx, model, served)
         record = ctx.record
+        record.served_model = served
         note_request(record, ctx.endpoint.name, model, body.get("stream") is True, body)
         options = body.get("stream_options")
         record.client_wants_usage = bool(options and options.get("include_usage") is True)
@@ -273,6 +274,6 @@ class Pipeline(Forwarding):
             features = decision.features
             ttft_ms, total_ms = features.ttft_budget_ms, features.total_budget_ms
         else:
-            ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.policy.resolve_model(
-                ctx.record.requested_model, ctx.identity.tenant), ctx.request.headers)
+            ttft_ms, total_ms = budgets_ms(ctx.policy, ctx.record.served_model,
+                                           ctx.request.headers)
         return Deadline.of(ctx.timing.start, ttft_ms, total_ms)
