@@ -78,13 +78,11 @@ class TimingSplit:
         return f": server-timing {self.server_timing()}\n\n".encode()
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
-
-
 @dataclass(slots=True)
 class RequestTimings:
-    """Clock marks of one request. Methods are called by the pipeline as steps happen."""
+    """Clock marks of one request. Methods are called by the pipeline as steps happen.
+    Durations leave it in milliseconds rounded to the microsecond (`round(s * 1000, 3)`,
+    written out where it is used: it runs several times a request)."""
 
     clock: Clock = MONOTONIC
     start: float = -1.0  # clock() at arrival; negative = now
@@ -176,14 +174,15 @@ class RequestTimings:
     @property
     def ttft_ms(self) -> float | None:
         """Arrival → first content token relayed (as in `split()`, without building one)."""
-        return _ms(self._first_token_s - self.start) if self._first_token_s is not None else None
+        first = self._first_token_s
+        return round((first - self.start) * 1000.0, 3) if first is not None else None
 
     @property
     def upstream_first_byte_ms(self) -> float | None:
         """The latest attempt's request sent → response headers (as in `split()`)."""
         if self._first_byte_s is None or self.attempt_started_s is None:
             return None
-        return _ms(self._first_byte_s - self.attempt_started_s)
+        return round((self._first_byte_s - self.attempt_started_s) * 1000.0, 3)
 
     # result ----------------------------------------------------------------
     def split(self) -> TimingSplit:
@@ -197,10 +196,11 @@ class RequestTimings:
         upstream_s = self.upstream_s
         if self._upstream_started_s is not None:
             upstream_s += now - self._upstream_started_s
-        total_ms = _ms(now - self.start)
-        queue_ms, upstream_ms = _ms(queue_s), _ms(upstream_s)
+        total_ms = round((now - self.start) * 1000.0, 3)
+        queue_ms, upstream_ms = round(queue_s * 1000.0, 3), round(upstream_s * 1000.0, 3)
         if self.waits_s:
-            other = tuple((name, _ms(seconds)) for name, seconds in self.waits_s.items())
+            other = tuple((name, round(seconds * 1000.0, 3))
+                          for name, seconds in self.waits_s.items())
             other_ms = sum(ms for _, ms in other)
         else:
             other, other_ms = (), 0.0
@@ -217,4 +217,5 @@ class RequestTimings:
     def _inter_token_ms(self) -> float | None:
         if self.tokens_relayed < 2 or self._first_token_s is None or self._last_token_s is None:
             return None
-        return _ms((self._last_token_s - self._first_token_s) / (self.tokens_relayed - 1))
+        gaps_s = self._last_token_s - self._first_token_s
+        return round(gaps_s / (self.tokens_relayed - 1) * 1000.0, 3)
