@@ -206,7 +206,8 @@ class RequestRecord:
     def step(self, name: str) -> StepMark:
         """`with record.step("routegate.auth"):` — a traced step's clock marks; a no-op
         (one shared object) when the request is not traced."""
-        return StepMark(self, name) if self.sampled else UNTRACED_STEP
+        trace = self.trace  # `sampled`, read without a call: three steps a request
+        return StepMark(self, name) if trace is not None and trace.sampled else UNTRACED_STEP
 
     def fallbacks(self) -> list[tuple[str, str]]:
         """(from backend, to backend) for each attempt on another target than the one

@@ -38,7 +38,7 @@ def note_decision(record: RequestRecord, model: str, candidates: Sequence[ModelT
     decision (None: the route's targets in the order written)."""
     if not candidates:
         return
-    first = candidates[0]
+    first, sampled = candidates[0], record.sampled
     record.decided_backend = first.backend_name
     if decision is None:
         record.route, record.reason = model, "static"
@@ -51,7 +51,7 @@ def note_decision(record: RequestRecord, model: str, candidates: Sequence[ModelT
             record.predicted_ttft_ms = primary.ttft_ms
             record.predicted_total_ms = primary.total_ms
             record.predicted_cost_micros = primary.cost_micro_usd
-        if record.sampled:
+        if sampled:
             record.excluded = tuple(f"{e.key}: {e.reason}" for e in decision.excluded)
-    if record.sampled:
+    if sampled:
         record.candidates = tuple(c.key for c in candidates)
