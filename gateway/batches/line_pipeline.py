@@ -8,7 +8,8 @@ telemetry) the same code as an interactive request's:
     begin           the record carries the batch id (metrics, access log, spans)
     authenticate    the key that created the batch, by its hash, against the live
                     policy (a key revoked since is refused; the header is not there)
-    priority        the lowest band, whatever the tenant's: queued and preempted first
+    priority        the `batch` band, below every tenant's: queued last, shed and
+                    preempted first
     read_body       the line's body (still held to `server.max_body_bytes`)
     route           routing's candidates, narrowed to where the runner placed the line
                     (dedicated capacity with room, or the spill targets)
@@ -40,10 +41,8 @@ from gateway.core.errors import (
 from gateway.core.timing import RequestTimings
 from gateway.core.whole_response import WholeResponse
 from gateway.pipeline.steps import Pipeline
-from policies.bands import Priority
+from policies.bands import BATCH_BAND, Priority
 from policies.load import ModelTarget
-
-BATCH_BAND: Priority = "low"  # the lowest band the queues and engines know
 
 
 @dataclass(slots=True)
