@@ -20,6 +20,7 @@ from local_backend.engine.loop import Engine, QueueFull, RequestOutput, RequestR
 from local_backend.engine.sampler import TokenLogprob
 from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request, error_middleware
+from local_backend.server.idempotency import IdempotencyLimits, KeptAnswers, key_of
 from local_backend.server.metrics import BackendMetrics
 from local_backend.server.protocol import (
     CAPABILITIES,
@@ -93,6 +94,7 @@ class Backend:
     metrics: BackendMetrics
     spans: SpanRecorder
     defaults: GenerationConfig
+    answers: KeptAnswers  # by Idempotency-Key (idempotency.py)
     rates: MeasuredRates | None = None  # once warmed up
 
 
@@ -106,17 +108,21 @@ def create_app(
     tracer: trace.Tracer | None = None,
     defaults: GenerationConfig | None = None,
     warm: bool = False,
+    idempotency: IdempotencyLimits | None = None,
 ) -> web.Application:
     """`warm`: warm the engine up (`warmup`) before the server listens, so that `/health`
     answers only once requests run at full speed, and report its measured rates."""
     tok = engine.tokenizer
+    backend_metrics = BackendMetrics(engine.stats, model_name)
     backend = Backend(
         engine=engine,
         model_name=model_name,
         template=ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token),
-        metrics=BackendMetrics(engine.stats, model_name),
+        metrics=backend_metrics,
         spans=SpanRecorder(tracer or trace.get_tracer("local_backend")),
         defaults=defaults or GenerationConfig(eos_token_ids=engine.eos_token_ids),
+        answers=KeptAnswers(idempotency or IdempotencyLimits(),
+                            backend_metrics.registry),
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024**2)
     app[BACKEND] = backend
@@ -126,6 +132,7 @@ def create_app(
         if warm:  # the runner listens only after this (cleanup_ctx runs in its setup)
             backend.rates = await warm_up(engine)
         yield
+        await backend.answers.close()
         await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
     app.cleanup_ctx.append(engine_thread)
@@ -191,8 +198,9 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = b.engine
     arrival = engine.clock()
     deadline = deadline_of(request, arrival)
+    raw = await request.read()
     try:
-        body = orjson.loads(await request.read())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from exc
     req = parse(body, chat=chat, defaults=b.defaults)
@@ -204,6 +212,16 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     vocab = engine.runner.model.config.vocab_size
     if any(not 0 <= t < vocab for t, _ in req.params.logit_bias):
         raise bad_request(f"'logit_bias' token ids must be in [0, {vocab})", "logit_bias")
+    key = key_of(request.headers, stream=req.stream)
+    if key is not None and b.answers.enabled:  # the tenant's salt scopes the key
+        return await b.answers.once((req.cache_salt or "", key), raw, lambda: _generate(
+            request, b, req, arrival, deadline, priority))
+    return await _generate(request, b, req, arrival, deadline, priority)
+
+
+async def _generate(request: web.Request, b: Backend, req: ParsedRequest, arrival: float,
+                    deadline: float | None, priority: int) -> web.StreamResponse:
+    engine, chat = b.engine, req.chat
     prompt_ids = await _prompt_ids(b, req)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     # each choice is its own sequence (the prompt's blocks are shared by prefix caching)
