@@ -194,7 +194,8 @@ async def sample_running(local_url: str, stop: asyncio.Event) -> list[float]:
             running.append((await engine_metrics(session, local_url)).get(
                 "vllm:num_requests_running", 0.0))
             with suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+                async with asyncio.timeout(SAMPLE_EVERY_S):
+                    await stop.wait()
     return running
 
 
