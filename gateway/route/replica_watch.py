@@ -88,8 +88,8 @@ class FleetWatcher:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            addresses = await asyncio.wait_for(self.resolver(parts.hostname or "", port),
-                                               fleet.backend.timeouts.connect_s)
+            async with asyncio.timeout(fleet.backend.timeouts.connect_s):
+                addresses = await self.resolver(parts.hostname or "", port)
         except (OSError, TimeoutError) as exc:
             # a failed lookup changes nothing: the replicas known keep serving
             log.warning("backend %s: resolving %s failed: %r", fleet.name, parts.hostname, exc)
