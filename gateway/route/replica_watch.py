@@ -30,6 +30,7 @@ from gateway.core.live_policy import LivePolicy
 from gateway.route.health import check_url
 from gateway.route.hook import RoutingHook
 from gateway.route.load import MAX_METRICS_BYTES, metrics_url, parse_load
+from gateway.route.prefix_events import follow
 from gateway.route.replica_call import ReplicaChooser
 from gateway.route.replica_metrics import ReplicaCollector
 from gateway.route.replicas import Fleet, Fleets, Replica, replica_name
@@ -124,6 +125,8 @@ class FleetWatcher:
             replica.waiting, replica.running, replica.kv_use = parse_load(text)
             replica.load_at = now
         self._record_check(fleet, replica.name, error, now)
+        if fleet.precise and error is None:
+            await follow(session, fleet, replica, timeout)
 
     def _record_check(self, fleet: Fleet, name: str, error: str | None, now: float) -> None:
         settings = fleet.backend.health_check
