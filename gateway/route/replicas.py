@@ -69,6 +69,9 @@ class Replica:
     running: int | None = None
     kv_use: float | None = None
     load_at: float | None = None
+    # with `precise`: which life of the replica's prefix-event log was read, and how far
+    events_epoch: str | None = None
+    events_next: int = 0
 
     def view(self, now: float, ejected_until: float | None) -> ReplicaView:
         fresh = self.load_at is not None and now - self.load_at <= LOAD_FRESH_S
@@ -88,10 +91,15 @@ class Fleet:
     turn: int = 0
     index: PrefixIndex = field(init=False)
     ejections: Ejections = field(init=False)
+    precise: bool = field(init=False)  # the index follows the replicas' prefix events
+    block_chars_header: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.index = PrefixIndex(self.backend.fleet.prefix.index_blocks)
+        prefix = self.backend.fleet.prefix
+        self.index = PrefixIndex(prefix.index_blocks)
         self.ejections = Ejections(self.health)
+        self.precise = prefix.precise and self.backend.pick == "prefix"
+        self.block_chars_header = str(prefix.block_chars)
 
     def set_urls(self, urls: Mapping[str, str], source: str) -> None:
         """The replicas from `source` are now exactly `urls` (name → API base URL)."""
@@ -156,6 +164,7 @@ class Fleet:
                 "cached_tokens": cached_tokens,
                 "cache_hit_rate": round(cached_tokens / prompt_tokens, 4)
                 if prompt_tokens else None,
+                "index_blocks": self.index.held.get(name, 0),  # what the index says it holds
             }
         return out
 
@@ -229,7 +238,8 @@ class Fleets:
         return self.fleets.get(name)
 
     def report(self, now: float) -> dict[str, dict[str, Any]]:
-        return {name: {"pick": fleet.backend.pick, "index_blocks": len(fleet.index),
+        return {name: {"pick": fleet.backend.pick, "precise": fleet.precise,
+                       "index_blocks": len(fleet.index),
                        "replicas": fleet.report(now, self.tokens.counts if self.tokens
                                                  is not None else {})}
                 for name, fleet in sorted(self.fleets.items())}

@@ -22,6 +22,12 @@ from local_backend.generation_config import GenerationConfig
 from local_backend.server.errors import ApiError, bad_request, error_middleware
 from local_backend.server.idempotency import IdempotencyLimits, KeptAnswers, key_of
 from local_backend.server.metrics import BackendMetrics
+from local_backend.server.prefix_tags import (
+    block_chars_asked,
+    events_handler,
+    prefix_tags,
+    prompt_text,
+)
 from local_backend.server.protocol import (
     CAPABILITIES,
     ParsedRequest,
@@ -141,6 +147,7 @@ def create_app(
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/prefix_events", events_handler(engine.prefix_events))
     return app
 
 
@@ -193,6 +200,20 @@ async def _prompt_ids(b: Backend, req: ParsedRequest) -> list[int]:
     return await loop.run_in_executor(None, lambda: tok.encode(text, add_special_tokens=special))
 
 
+def _prefix_tags(request: web.Request, engine: Engine, req: ParsedRequest,
+                 prompt_tokens: int) -> tuple[tuple[int, int], ...]:
+    """The client's names for this prompt's prefixes, when it asks (prefix_tags.py)."""
+    block_chars = block_chars_asked(request.headers)
+    text = prompt_text(req.messages) if req.messages is not None else req.prompt_text or ""
+    if block_chars is None or not text:
+        return ()
+    tags, never = prefix_tags(text, req.cache_salt, block_chars, prompt_tokens,
+                              engine.config.block_size)
+    for tag in never:
+        engine.prefix_events.not_held(tag)
+    return tags
+
+
 async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     b = request.app[BACKEND]
     engine = b.engine
@@ -223,6 +244,7 @@ async def _generate(request: web.Request, b: Backend, req: ParsedRequest, arriva
                     deadline: float | None, priority: int) -> web.StreamResponse:
     engine, chat = b.engine, req.chat
     prompt_ids = await _prompt_ids(b, req)
+    tags = _prefix_tags(request, engine, req, len(prompt_ids))
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     # each choice is its own sequence (the prompt's blocks are shared by prefix caching)
     choice_ids = [request_id] if req.n == 1 else [f"{request_id}-{i}" for i in range(req.n)]
@@ -232,7 +254,8 @@ async def _generate(request: web.Request, b: Backend, req: ParsedRequest, arriva
             queues.append(engine.add_request(choice_id, prompt_ids,
                                              choice_params(req.params, index), arrival=arrival,
                                              deadline=deadline, priority=priority,
-                                             cache_salt=req.cache_salt))
+                                             cache_salt=req.cache_salt,
+                                             prefix_tags=tags))
     except (QueueFull, RequestRejected) as exc:
         for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
             engine.abort(choice_id)
