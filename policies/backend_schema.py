@@ -176,6 +176,13 @@ class Backend(FileModel):
     kept); one mapped here replaces the client's."""
 
     @property
+    def is_fleet(self) -> bool:
+        """Whether the gateway picks among replicas of this backend (else its one URL)."""
+        return self.deployment == "dedicated" and (
+            bool(self.urls) or self.resolve == "all"
+            or (self.launch is not None and self.launch.replicas > 1))
+
+    @property
     def band_carrier(self) -> BandCarrier:
         """How the band is sent (`priority`, or its default by `deployment`)."""
         if self.priority is not None:

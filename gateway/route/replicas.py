@@ -46,13 +46,6 @@ log = logging.getLogger("routegate.replicas")
 DEFAULT_SALT_KEY = b"routegate cache salt"  # `fleet.salt_key` unset: salts are still apart
 
 
-def is_fleet(backend: Backend) -> bool:
-    """Whether the gateway picks among replicas of `backend` (else the pool's one URL)."""
-    return backend.deployment == "dedicated" and (
-        bool(backend.urls) or backend.resolve == "all"
-        or (backend.launch is not None and backend.launch.replicas > 1))
-
-
 def replica_name(url: str) -> str:
     """A replica's name in reports and the `replica` label: its host:port."""
     return urlsplit(url).netloc
@@ -204,7 +197,7 @@ class Fleets:
 
     def follow(self, policy: Policy) -> None:
         wanted = {name: backend for name, backend in policy.file.backends.items()
-                  if backend.enabled and is_fleet(backend)}
+                  if backend.enabled and backend.is_fleet}
         for name in [n for n in self.fleets if n not in wanted]:
             for replica in list(self.fleets[name].replicas):
                 self.fleets[name].remove(replica)
