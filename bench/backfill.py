@@ -1,24 +1,29 @@
-"""Batches backfilling idle dedicated capacity, measured side by side in one run.
+"""Batches backfilling idle dedicated capacity, on a real engine, measured side by side.
 
-    .venv/bin/python bench/backfill.py [--seconds 30] [--lines 2000] [--window 120s]
+    .venv/bin/python bench/backfill.py [--seconds 30] [--lines 400] [--lines 2000 ...]
 
 Set-up (all on loopback): the gateway (`routegate serve`, its own process) in front of
-a dedicated backend and a shared mock. The dedicated backend is a model of an engine
-(`--local-url` runs against a real one instead, e.g. local_backend or vLLM): `SLOTS`
-sequences at a time, waiting requests served by priority band (`x-routegate-priority`,
-lower first; a running sequence of a worse band gives its slot to a better waiter at its
-next step, as local_backend and vLLM preempt), a reply of `TOKENS` tokens after
-`PREFILL_S`, one every `DECODE_S`, streamed when asked. The shared mock answers every
-request after `SHARED_S`.
+a real `local_backend --model demo` (one CPU thread, a fresh process for each run, so
+neither run inherits the other's prefix cache) and a shared mock that answers every
+request after `SHARED_S`. The gateway holds `SLOTS` slots for the engine
+(`max_concurrency`); batch lines take at most half of them, and only while no
+interactive request waits (`batches.spare_queue_use`); they run in the `batch` band
+(engine band 3), below every tenant's. `--local-url` runs against another dedicated
+backend instead (vLLM, a local_backend already running; `--local-model` names its
+model).
 
-Two runs see the same open-loop interactive trace (Poisson arrivals at `LOAD` of the
-dedicated backend's capacity, streamed chat, TTFT measured at the client):
+First the engine's capacity is measured: `SLOTS` requests at a time, closed loop, for
+`CALIBRATE_S`. Two runs then see the same open-loop interactive trace (Poisson arrivals
+at `LOAD` of that capacity, streamed chat of `TOKENS` tokens, TTFT at the client):
   1. the trace alone;
-  2. the trace with a `--lines`-line batch submitted at its start (window `--window`).
-Printed: interactive TTFT p50/p95 of each run and their ratio (the claim: p95 with the
-batch ≤ 1.1× without), the dedicated backend's busy share (slot-seconds in use over
-slot-seconds available) during the trace in each run, and the batch's status, time to
-complete, its dedicated/shared split and its cost against sending every line to the
+  2. the trace with a `--lines`-line batch submitted at its start.
+The batch's completion window and spill margin are the issue's (2,000 lines in 120 s,
+margin 20 s) scaled by `--lines` / 2,000, so a smaller batch faces the same deadline
+pressure per line. Printed: interactive TTFT p50/p95 of each run and their ratio (the
+claim: p95 with the batch ≤ 1.1× without), the engine's busy share during the trace
+(its running requests, sampled from its /metrics, over `SLOTS`; and the share of samples
+with any request running), its queue wait and preemptions by band, and the batch's
+status, time, dedicated/shared split and cost against sending every line to the
 cheapest shared target (the gateway's own report, `batch.routegate`).
 """
 
@@ -26,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import io
-import itertools
 import os
 import random
 import socket
@@ -36,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -45,117 +48,49 @@ import openai
 import orjson
 import yaml
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
 SLOTS = 8
-PREFILL_S = 0.030
-DECODE_S = 0.004
-TOKENS = 24
+TOKENS = 16
 SHARED_S = 0.150
-LOAD = 0.35  # interactive arrivals, as a share of the dedicated backend's capacity
-SERVICE_S = PREFILL_S + TOKENS * DECODE_S
+LOAD = 0.35  # interactive arrivals, as a share of the engine's measured capacity
+CALIBRATE_S = 4.0
+SAMPLE_EVERY_S = 0.25  # the engine's /metrics, read during the trace
+REFERENCE_LINES, REFERENCE_WINDOW_S, REFERENCE_MARGIN_S = 2000, 120.0, 20.0
 
 
-@dataclass
-class Engine:
-    """`SLOTS` sequences at once; waiters by (band, arrival); a running sequence of a worse
-    band than the best waiter preempted at its next step; busy slot-seconds counted."""
-
-    slots: int = SLOTS
-    in_use: int = 0
-    waiting: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
-    order: itertools.count[int] = field(default_factory=itertools.count)
-    busy_s: float = 0.0
-    preempted: int = 0
-    waited_s: dict[int, list[float]] = field(default_factory=dict)  # band → waits for a slot
-    changed_at: float = field(default_factory=time.perf_counter)
-
-    def _account(self) -> None:
-        now = time.perf_counter()
-        self.busy_s += self.in_use * (now - self.changed_at)
-        self.changed_at = now
-
-    async def acquire(self, band: int) -> None:
-        if self.in_use < self.slots and not self.waiting:
-            self._account()
-            self.in_use += 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self.waiting, (band, next(self.order), future))
-        queued = time.perf_counter()
-        await future
-        self.waited_s.setdefault(band, []).append(time.perf_counter() - queued)
-
-    def release(self) -> None:
-        self._account()
-        if self.waiting:  # the slot passes straight to the best waiter
-            heapq.heappop(self.waiting)[2].set_result(None)
-        else:
-            self.in_use -= 1
-
-    def better_waiting(self, band: int) -> bool:
-        return bool(self.waiting) and self.waiting[0][0] < band
-
-    async def step(self, band: int) -> None:
-        """Between two decode steps: a sequence of a worse band than the best waiter
-        gives its slot up and queues again (preempted; its KV recomputed on return)."""
-        if self.better_waiting(band):
-            self.preempted += 1
-            self.release()
-            await self.acquire(band)
-            await asyncio.sleep(PREFILL_S)  # recompute what it had
-
-    def busy_share(self, since_busy_s: float, since: float) -> float:
-        self._account()
-        return (self.busy_s - since_busy_s) / (self.slots * (time.perf_counter() - since))
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
-def chunk(content: str | None, finish: str | None, usage: dict[str, int] | None = None) -> bytes:
-    body: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "created": 0,
-                            "model": "m", "choices": [{"index": 0, "delta": {} if content is None
-                                                       else {"content": content},
-                                                       "finish_reason": finish}]}
-    if usage is not None:
-        body["choices"], body["usage"] = [], usage
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+async def wait_ready(url: str, process: asyncio.subprocess.Process, what: str) -> None:
+    async with asyncio.timeout(120), aiohttp.ClientSession() as session:
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"{what} exited during start-up")
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
 
 
-async def start_engine(engine: Engine) -> tuple[web.AppRunner, str]:
-    async def chat(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        band = int(request.headers.get("x-routegate-priority", "1"))
-        usage = {"prompt_tokens": 12, "completion_tokens": TOKENS, "total_tokens": 12 + TOKENS}
-        await engine.acquire(band)
-        try:
-            await asyncio.sleep(PREFILL_S)
-            if not body.get("stream"):
-                for _ in range(TOKENS):
-                    await engine.step(band)
-                    await asyncio.sleep(DECODE_S)
-                return web.json_response({
-                    "id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                        "role": "assistant", "content": "word " * TOKENS}}], "usage": usage})
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            for _ in range(TOKENS):
-                await engine.step(band)
-                await response.write(chunk("word ", None))
-                await asyncio.sleep(DECODE_S)
-            await response.write(chunk(None, "stop"))
-            await response.write(chunk(None, None, usage))
-            await response.write(b"data: [DONE]\n\n")
-            return response
-        finally:
-            engine.release()
-
-    return await _serve(web.post("/v1/chat/completions", chat))
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+async def start_engine() -> tuple[asyncio.subprocess.Process, str]:
+    """A fresh `local_backend --model demo`: its /health answers once it has warmed up."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "local_backend", "--model", "demo", "--host", "127.0.0.1",
+        "--port", str(port), "--threads", "1", cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await wait_ready(f"http://127.0.0.1:{port}/health", process, "local_backend")
+    return process, f"http://127.0.0.1:{port}/v1"
 
 
 async def start_shared() -> tuple[web.AppRunner, str]:
@@ -164,43 +99,42 @@ async def start_shared() -> tuple[web.AppRunner, str]:
         await asyncio.sleep(SHARED_S)
         return web.json_response({
             "id": "s", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": "length",
                          "message": {"role": "assistant", "content": "word " * TOKENS}}],
             "usage": {"prompt_tokens": 12, "completion_tokens": TOKENS,
                       "total_tokens": 12 + TOKENS}})
 
-    return await _serve(web.post("/v1/chat/completions", chat))
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
 
-
-async def _serve(route: web.RouteDef) -> tuple[web.AppRunner, str]:
     app = web.Application()
-    app.router.add_routes([route, web.get("/health", health)])
+    app.router.add_routes([web.post("/v1/chat/completions", chat), web.get("/health", health)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
 
 
-def policy(local_url: str, shared_url: str, data_dir: Path) -> str:
+def policy(local_url: str, local_model: str, shared_url: str, data_dir: Path,
+           margin_s: float) -> str:
     return yaml.safe_dump({
         "version": 1,
         "backends": {
             "local": {"type": "openai", "url": local_url, "deployment": "dedicated",
                       "gpu_hour_usd": 2.0, "max_concurrency": SLOTS,
-                      "models": {"llama": {}}},
+                      "models": {local_model: {}}},
             "cloud": {"type": "openai", "url": shared_url, "deployment": "shared",
                       "models": {"gpt-4o-mini": {"input_usd_per_mtok": 0.15,
                                                  "output_usd_per_mtok": 0.60},
                                  "gpt-4o-mini-batch": {"input_usd_per_mtok": 0.075,
                                                        "output_usd_per_mtok": 0.30}}}},
-        "routes": {"chat": {"targets": ["local/llama", "cloud/gpt-4o-mini",
+        "routes": {"chat": {"targets": [f"local/{local_model}", "cloud/gpt-4o-mini",
                                         "cloud/gpt-4o-mini-batch"],
                             "objective": "ordered"}},
         "auth": {"anonymous": {"enabled": True, "loopback_only": True}},
         "defaults": {"limits": {"requests_per_minute": 10**7, "tokens_per_minute": 10**9}},
         "batches": {"data_dir": str(data_dir), "poll_interval_s": 0.1,
-                    "spill_margin_s": 20.0, "lines_in_flight": SLOTS,
+                    "spill_margin_s": margin_s, "lines_in_flight": SLOTS,
                     "routes": {"chat": {"spill_to": ["cloud/gpt-4o-mini-batch"]}}},
     })
 
@@ -208,47 +142,92 @@ def policy(local_url: str, shared_url: str, data_dir: Path) -> str:
 async def start_gateway(policy_path: Path) -> tuple[asyncio.subprocess.Process, str]:
     """`routegate serve` in its own process: the batch's work in the gateway competes with
     the interactive requests' there, not with this process's load generator."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTEGATE_", "OTEL_"))}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port",
         str(port), cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    await wait_ready(url + "/healthz", process, "the gateway")
+    return process, url + "/v1"
+
+
+def chat_body(model: str, text: str, stream: bool) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream,
+            "max_tokens": TOKENS, "ignore_eos": True}
+
+
+async def capacity_rps(local_url: str, model: str) -> float:
+    """Replies per second with `SLOTS` requests at a time (closed loop)."""
+    done, end = 0, time.perf_counter() + CALIBRATE_S
     async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            try:
-                async with session.get(url + "/healthz") as response:
-                    if response.status == 200:
-                        return process, url + "/v1"
-            except aiohttp.ClientError:
-                await asyncio.sleep(0.1)
-    raise RuntimeError("the gateway did not start")
+        async def worker(w: int) -> None:
+            nonlocal done
+            while time.perf_counter() < end:
+                body = chat_body(model, f"calibrate {w} {done}", stream=False)
+                async with session.post(local_url + "/chat/completions", json=body) as reply:
+                    await reply.read()
+                    done += reply.status == 200
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(SLOTS)))
+    return done / (time.perf_counter() - started)
 
 
-async def interactive(base_url: str, seconds: float, seed: int) -> list[float]:
+async def engine_metrics(session: aiohttp.ClientSession, local_url: str) -> dict[str, float]:
+    """The engine's samples, by `name{band}` (bands apart, models summed)."""
+    async with session.get(local_url.removesuffix("/v1") + "/metrics") as response:
+        text = await response.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            band = sample.labels.get("band")
+            key = sample.name if band is None else f"{sample.name}{{{band}}}"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+async def sample_running(local_url: str, stop: asyncio.Event) -> list[float]:
+    running: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            running.append((await engine_metrics(session, local_url)).get(
+                "vllm:num_requests_running", 0.0))
+            with suppress(TimeoutError):
+                async with asyncio.timeout(SAMPLE_EVERY_S):
+                    await stop.wait()
+    return running
+
+
+async def interactive(base_url: str, model: str, rate: float, seconds: float,
+                      seed: int) -> list[float]:
     """TTFT (s) of each streamed request of the open-loop trace."""
     rng = random.Random(seed)
-    rate = LOAD * SLOTS / SERVICE_S
     times, at = [], 0.0
     while (at := at + rng.expovariate(rate)) < seconds:
         times.append(at)
     ttfts: list[float] = []
-    body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as session:
-        async def one(delay: float) -> None:
+        async def one(n: int, delay: float) -> None:
             await asyncio.sleep(delay)
             sent = time.perf_counter()
+            body = chat_body(model, f"interactive question {n}", stream=True)
             async with session.post(base_url + "/chat/completions", json=body) as response:
                 async for line in response.content:
-                    if line.startswith(b"data: ") and b'"content"' in line:
+                    if first_text(line):  # not the opening chunk's role (empty content)
                         ttfts.append(time.perf_counter() - sent)
                         break
                 await response.read()
-        await asyncio.gather(*(one(at) for at in times))
+        await asyncio.gather(*(one(n, at) for n, at in enumerate(times)))
     return ttfts
+
+
+def first_text(line: bytes) -> bool:
+    """Whether an SSE line is a chunk carrying some of the answer's text."""
+    if not line.startswith(b"data: {"):
+        return False
+    choices = orjson.loads(line[6:]).get("choices") or [{}]
+    return bool(choices[0].get("delta", {}).get("content"))
 
 
 def cpu_s(pid: int) -> float:
@@ -262,103 +241,140 @@ def percentile(values: list[float], share: float) -> float:
         else values[0]
 
 
-async def run(seconds: float, lines: int, window: str, local_url: str | None,
-              with_batch: bool) -> dict[str, Any]:
-    engine = Engine()
-    engine_runner = None
-    if local_url is None:
-        engine_runner, local_url = await start_engine(engine)
-    shared_runner, shared_url = await start_shared()
-    with tempfile.TemporaryDirectory() as data_dir:
-        policy_path = Path(data_dir) / "policy.yaml"
-        policy_path.write_text(policy(local_url, shared_url, Path(data_dir) / "data"))
+async def submit_batch(client: openai.AsyncOpenAI, lines: int, window: str) -> str:
+    data = b"".join(orjson.dumps({
+        "custom_id": f"l{n}", "method": "POST", "url": "/v1/chat/completions",
+        "body": chat_body("chat", f"summarise document {n}", stream=False)}) + b"\n"
+        for n in range(lines))
+    file = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return (await client.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions",
+        completion_window=window)).id  # type: ignore[arg-type]
+
+
+async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
+              ) -> dict[str, Any]:
+    async with AsyncExitStack() as stack:
+        local_url = args.local_url
+        if local_url is None:
+            engine, local_url = await start_engine()
+            stack.push_async_callback(_stop, engine)
+        if rate is None:
+            rate = LOAD * await capacity_rps(local_url, args.local_model)
+        shared_runner, shared_url = await start_shared()
+        stack.push_async_callback(shared_runner.cleanup)
+        data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        policy_path = data_dir / "policy.yaml"
+        policy_path.write_text(policy(local_url, args.local_model, shared_url,
+                                      data_dir / "data", args.margin_s))
         gateway, base_url = await start_gateway(policy_path)
+        stack.push_async_callback(_stop, gateway)
         client = openai.AsyncOpenAI(base_url=base_url, api_key="anonymous", max_retries=0)
-        try:
-            batch_id = None
-            started, busy_at = time.perf_counter(), engine.busy_s
-            if with_batch:
-                data = b"".join(orjson.dumps({
-                    "custom_id": f"l{n}", "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"model": "chat", "messages": [
-                        {"role": "user", "content": f"summarise document {n}"}]}}) + b"\n"
-                    for n in range(lines))
-                file = await client.files.create(file=("in.jsonl", io.BytesIO(data)),
-                                                 purpose="batch")
-                batch_id = (await client.batches.create(
-                    input_file_id=file.id, endpoint="/v1/chat/completions",
-                    completion_window=window)).id  # type: ignore[arg-type]
-            cpu_before = cpu_s(gateway.pid)
-            ttfts = await interactive(base_url, seconds, seed=11)
-            result: dict[str, Any] = {
-                "gateway_cpu": (cpu_s(gateway.pid) - cpu_before) / (time.perf_counter() - started),
-                "ttft_p50_ms": percentile(ttfts, 0.50) * 1000,
-                "ttft_p95_ms": percentile(ttfts, 0.95) * 1000, "requests": len(ttfts),
-                "busy_share": engine.busy_share(busy_at, started),
-                "preempted": engine.preempted,
-                "interactive_waits": engine.waited_s.get(1, [])}
-            if batch_id is not None:
-                while True:  # polled, as a client of the Batch API does
-                    batch = await client.batches.retrieve(batch_id)
-                    if batch.status in ("completed", "failed", "expired", "cancelled"):
-                        break
-                    await asyncio.sleep(0.2)
-                result["batch"] = batch
-                result["batch_s"] = (batch.completed_at or time.time()) - batch.created_at
-        finally:
-            gateway.terminate()
-            await gateway.wait()
-            await shared_runner.cleanup()
-            if engine_runner is not None:
-                await engine_runner.cleanup()
+        async with aiohttp.ClientSession() as session:
+            before = await engine_metrics(session, local_url)
+        started = time.perf_counter()
+        batch_id = await submit_batch(client, args.lines, args.window) if with_batch else None
+        cpu_before, stop = cpu_s(gateway.pid), asyncio.Event()
+        sampler = asyncio.create_task(sample_running(local_url, stop))
+        ttfts = await interactive(base_url, "chat", rate, args.seconds, seed=11)
+        stop.set()
+        running = await sampler
+        async with aiohttp.ClientSession() as session:
+            after = await engine_metrics(session, local_url)
+        result: dict[str, Any] = {
+            "rate": rate, "requests": len(ttfts),
+            "gateway_cpu": (cpu_s(gateway.pid) - cpu_before) / (time.perf_counter() - started),
+            "ttft_p50_ms": percentile(ttfts, 0.50) * 1000,
+            "ttft_p95_ms": percentile(ttfts, 0.95) * 1000,
+            "busy_share": statistics.fmean(running) / SLOTS,
+            "any_running": sum(r > 0 for r in running) / len(running),
+            "engine": {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}}
+        if batch_id is not None:
+            while True:  # polled, as a client of the Batch API does
+                batch = await client.batches.retrieve(batch_id)
+                if batch.status in ("completed", "failed", "expired", "cancelled"):
+                    break
+                await asyncio.sleep(0.2)
+            result["batch"] = batch
+            result["batch_s"] = (batch.completed_at or time.time()) - batch.created_at
     return result
 
 
-async def main(seconds: float, lines: int, window: str, local_url: str | None,
-               repeats: int) -> None:
-    print(f"dedicated: {SLOTS} slots × {SERVICE_S * 1000:.0f} ms a reply "
-          f"({SLOTS / SERVICE_S:.0f} replies/s); interactive at {LOAD:.0%} of that for "
-          f"{seconds:.0f} s; shared mock {SHARED_S * 1000:.0f} ms; batch {lines} lines, "
-          f"window {window}")
-    ratios = []
-    for _ in range(repeats):  # pairs, interleaved: the machine's drift hits both alike
-        alone = await run(seconds, lines, window, local_url, with_batch=False)
-        both = await run(seconds, lines, window, local_url, with_batch=True)
-        for name, figures in (("trace alone", alone), ("trace + batch", both)):
-            print(f"{name:14s} interactive TTFT p50 {figures['ttft_p50_ms']:.1f} ms, "
-                  f"p95 {figures['ttft_p95_ms']:.1f} ms ({figures['requests']} requests); "
-                  f"dedicated busy {figures['busy_share']:.0%}, gateway CPU "
-                  f"{figures['gateway_cpu']:.0%} of a core, "
-                  f"{figures['preempted']} preemptions; interactive requests that waited "
-                  f"for a slot: {len(figures['interactive_waits'])}")
-        ratios.append(both["ttft_p95_ms"] / alone["ttft_p95_ms"])
-        print(f"p95 TTFT with the batch / without: {ratios[-1]:.2f}× (claim: ≤ 1.10×)")
-        report_batch(both, window)
-    if repeats > 1:
-        print(f"p95 ratio over {repeats} pairs: median {statistics.median(ratios):.2f}×, "
-              f"range {min(ratios):.2f}–{max(ratios):.2f}×")
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    process.terminate()
+    try:
+        async with asyncio.timeout(20):
+            await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
 
 
-def report_batch(both: dict[str, Any], window: str) -> None:
+def by_band(engine: dict[str, float]) -> str:
+    """Mean engine queue wait and preemptions per band asked for, during the trace."""
+    parts = []
+    for band in sorted({key.rsplit("{", 1)[1].rstrip("}") for key in engine if "{" in key}):
+        count = engine.get(f"routegate:request_queue_time_seconds_by_band_count{{{band}}}", 0)
+        waited = engine.get(f"routegate:request_queue_time_seconds_by_band_sum{{{band}}}", 0)
+        preempted = engine.get(f"routegate:num_preemptions_by_band_total{{{band}}}", 0)
+        if count:
+            parts.append(f"band {band}: {count:.0f} admitted, mean wait "
+                         f"{waited / count * 1000:.1f} ms, {preempted:.0f} preempted")
+    return "; ".join(parts) or "none"
+
+
+def report(alone: dict[str, Any], both: dict[str, Any], window: str) -> None:
+    for name, figures in (("trace alone", alone), ("trace + batch", both)):
+        print(f"{name:14s} interactive TTFT p50 {figures['ttft_p50_ms']:.1f} ms, "
+              f"p95 {figures['ttft_p95_ms']:.1f} ms ({figures['requests']} requests); "
+              f"engine busy {figures['busy_share']:.0%} of {SLOTS} slots (any request "
+              f"running {figures['any_running']:.0%} of the time); gateway CPU "
+              f"{figures['gateway_cpu']:.0%} of a core")
+        print(f"{'':14s} engine during the trace: {by_band(figures['engine'])}")
+    print(f"p95 TTFT with the batch / without: "
+          f"{both['ttft_p95_ms'] / alone['ttft_p95_ms']:.2f}× (claim: ≤ 1.10×)")
+    print(f"engine busy share before / after the batch: {alone['busy_share']:.0%} / "
+          f"{both['busy_share']:.0%}")
     batch = both["batch"]
-    report = (batch.model_extra or {}).get("routegate", {})
-    print(f"batch {batch.status} in {both['batch_s']:.0f} s (window {window}); counts "
-          f"{batch.request_counts}")
-    print(f"  dedicated {report['dedicated']}, shared {report['shared']}")
-    print(f"  ledger cost {report['cost_micros'] / 1e6:.4f} USD (dedicated at its amortised "
-          f"GPU-hour price) vs all-shared {report['all_shared_cost_micros'] / 1e6:.4f} USD; "
-          f"per-token spend {report['shared']['cost_micros'] / 1e6:.4f} USD, saving "
-          f"{report['spend_saving_micros'] / 1e6:.4f} USD "
-          f"({report['spend_saving_micros'] / max(1, report['all_shared_cost_micros']):.0%})")
+    split = (batch.model_extra or {}).get("routegate", {})
+    within = batch.status == "completed" and batch.completed_at is not None \
+        and batch.expires_at is not None and batch.completed_at <= batch.expires_at
+    print(f"batch {batch.status} in {both['batch_s']:.0f} s (window {window}): "
+          f"{'within' if within else 'NOT within'} its window; counts {batch.request_counts}")
+    print(f"  dedicated {split['dedicated']}, shared {split['shared']}")
+    print(f"  ledger cost {split['cost_micros'] / 1e6:.4f} USD (dedicated at its amortised "
+          f"GPU-hour price) vs all-shared {split['all_shared_cost_micros'] / 1e6:.4f} USD; "
+          f"per-token spend {split['shared']['cost_micros'] / 1e6:.4f} USD, saving "
+          f"{split['spend_saving_micros'] / 1e6:.4f} USD "
+          f"({split['spend_saving_micros'] / max(1, split['all_shared_cost_micros']):.0%})")
+
+
+async def main(args: argparse.Namespace) -> None:
+    scale = args.lines / REFERENCE_LINES
+    window_s = round(REFERENCE_WINDOW_S * scale)
+    args.window = args.window or f"{max(1, window_s)}s"
+    args.margin_s = args.margin_s if args.margin_s is not None else REFERENCE_MARGIN_S * scale
+    alone = await run(args, None, with_batch=False)
+    print(f"dedicated: {args.local_url or 'local_backend --model demo (1 CPU thread)'}, "
+          f"{SLOTS} gateway slots, measured {alone['rate'] / LOAD:.1f} replies/s of "
+          f"{TOKENS} tokens; interactive at {LOAD:.0%} of that ({alone['rate']:.1f}/s) for "
+          f"{args.seconds:.0f} s; shared mock {SHARED_S * 1000:.0f} ms; batch {args.lines} "
+          f"lines, window {args.window}, spill margin {args.margin_s:.1f} s")
+    both = await run(args, alone["rate"], with_batch=True)
+    report(alone, both, args.window)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--lines", type=int, default=2000)
-    parser.add_argument("--window", default="120s")
-    parser.add_argument("--repeats", type=int, default=1, help="pairs of runs")
+    parser.add_argument("--seconds", type=float, default=30.0, help="the interactive trace")
+    parser.add_argument("--lines", type=int, default=400,
+                        help="batch lines (the issue's figure: 2000)")
+    parser.add_argument("--window", default=None,
+                        help="completion window (default: 120s × lines / 2000)")
+    parser.add_argument("--margin-s", type=float, default=None,
+                        help="spill margin (default: 20 s × lines / 2000)")
     parser.add_argument("--local-url", default=None,
-                        help="a real dedicated backend's /v1 URL instead of the model")
-    args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.lines, args.window, args.local_url, args.repeats))
+                        help="a running dedicated backend's /v1 URL instead of a fresh "
+                        "local_backend per run")
+    parser.add_argument("--local-model", default="demo", help="its model's name")
+    asyncio.run(main(parser.parse_args()))

@@ -1,7 +1,8 @@
-"""Picking a replica by what it holds: `pick: prefix` against `least_busy` and
-`round_robin`, side by side in one run, on two real local_backend replicas.
+"""Picking a replica by what it holds: `pick: prefix` (estimated and `precise`) against
+`least_busy` and `round_robin`, side by side in one run, on real local_backend replicas.
 
-  replicas   two `python -m local_backend --model demo` children (one CPU thread each),
+  replicas   `--replicas` (2) `python -m local_backend --model demo` children (one CPU
+             thread each),
              each with a KV cache too small for every tenant's system prompt
              (`--num-blocks`), as a busy GPU's cache is
   trace      8 tenants, each with its own system prompt of `--system-tokens` tokens
@@ -14,6 +15,11 @@
   printed    cached-token share (cached ÷ prompt tokens, from usage), TTFT p50/p90,
              throughput (answers per second over the run), and prefix's ratios to
              round robin
+
+With uniform tenants and LRU caches, round robin's share is about C/N of what is
+cacheable (C prompts fit a replica's cache, N tenants) and prefix's about
+min(1, R·C/N) (R replicas split the tenants), so prefix ÷ round robin is at most
+min(N/C, R), less the first (cold) request of each tenant: with 2 replicas, under 2×.
 
     .venv/bin/python bench/fleet.py [--rate 0.6] [--duration 30] [--system-tokens 1100]
 """
@@ -44,7 +50,7 @@ from gateway.settings import Settings  # noqa: E402
 from policies.load import loads  # noqa: E402
 
 TENANTS = 8
-PICKS = ("prefix", "least_busy", "round_robin")
+PICKS = ("prefix", "prefix_precise", "least_busy", "round_robin")  # precise: pick prefix
 WORDS = ["invoice", "ledger", "account", "balance", "refund", "order", "parcel", "courier",
          "warehouse", "customer", "policy", "return", "exchange", "voucher", "discount", "tax",
          "receipt", "payment"]
@@ -74,9 +80,10 @@ def system_prompt(tenant: int, tokens: int) -> str:
     return text[:tokens]
 
 
-def policy_text(pick: str, urls: list[str], cached_weight: float) -> str:
-    tenants = "\n".join(f"  {pick}-t{i}: {{api_keys: [{key_hash(f'{pick}-t{i}')}]}}"
+def policy_text(label: str, urls: list[str], cached_weight: float) -> str:
+    tenants = "\n".join(f"  {label}-t{i}: {{api_keys: [{key_hash(f'{label}-t{i}')}]}}"
                         for i in range(TENANTS))
+    pick, precise = label.removesuffix("_precise"), str(label.endswith("_precise")).lower()
     return f"""
 version: 1
 backends:
@@ -85,7 +92,9 @@ backends:
     deployment: dedicated
     urls: [{", ".join(urls)}]
     pick: {pick}
-    fleet: {{poll_interval_s: 0.5, prefix: {{block_chars: 64, cached_weight: {cached_weight}}}}}
+    fleet:
+      poll_interval_s: 0.5
+      prefix: {{block_chars: 64, cached_weight: {cached_weight}, precise: {precise}}}
     timeouts: {{first_byte_s: 120, total_s: 300}}
     models:
       demo: {{}}
@@ -165,27 +174,34 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--system-tokens", type=int, default=1100)
     parser.add_argument("--cached-weight", type=float, default=4.0,
                         help="`fleet.prefix.cached_weight` for pick: prefix")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--picks", default=",".join(PICKS),
+                        help="which of " + ", ".join(PICKS) + " to run, in order")
     parser.add_argument("--num-blocks", type=int, default=400,
                         help="KV blocks of 16 tokens per replica (default: 6,400 tokens, "
                              "room for about half the tenants' system prompts)")
     args = parser.parse_args(argv)
-    ports = [free_port(), free_port()]
+    ports = [free_port() for _ in range(args.replicas)]
     replicas = await asyncio.gather(*(start_replica(port, args.num_blocks) for port in ports))
     urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
     try:
         figures = {}
-        for pick in PICKS:
+        for pick in args.picks.split(","):
             figures[pick] = await run_pick(pick, urls, args)
             print(pick, {k: round(v, 3) for k, v in figures[pick].items()}, flush=True)
     finally:
         for process in replicas:
             process.terminate()
             await process.wait()
-    prefix, rr = figures["prefix"], figures["round_robin"]
-    share = prefix["cached_share"] / max(rr["cached_share"], 1e-9)
-    print(f"prefix / round_robin: cached share {share:.2f}x, "
-          f"TTFT p90 {prefix['ttft_p90_s'] / rr['ttft_p90_s']:.2f}x, "
-          f"throughput {prefix['throughput_rps'] / rr['throughput_rps']:.2f}x")
+    rr = figures.get("round_robin")
+    for label in ("prefix", "prefix_precise"):
+        prefix = figures.get(label)
+        if prefix is None or rr is None:
+            continue
+        share = prefix["cached_share"] / max(rr["cached_share"], 1e-9)
+        print(f"{label} / round_robin: cached share {share:.2f}x, "
+              f"TTFT p90 {prefix['ttft_p90_s'] / rr['ttft_p90_s']:.2f}x, "
+              f"throughput {prefix['throughput_rps'] / rr['throughput_rps']:.2f}x")
     return 0
 
 

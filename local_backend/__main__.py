@@ -28,6 +28,11 @@ from local_backend.model.config import ModelLoadError
 from local_backend.model.cpu_weights import CPU_WEIGHTS, CpuWeights
 from local_backend.model.llama import LlamaForCausalLM
 from local_backend.server.app import create_app
+from local_backend.server.idempotency import (
+    DEFAULT_MAX_ANSWERS,
+    DEFAULT_TTL_S,
+    IdempotencyLimits,
+)
 from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
 
@@ -51,6 +56,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "for better ones; or by arrival alone")
     p.add_argument("--priority-aging-s", type=float, default=DEFAULT_AGING_S, help=(
         "seconds a request waits in its band before it rises one (low never starves)"))
+    p.add_argument("--idempotency-ttl-s", type=float, default=DEFAULT_TTL_S, help=(
+        "seconds a finished answer is kept for a request sent again with its Idempotency-Key"))
+    p.add_argument("--idempotency-max-answers", type=int, default=DEFAULT_MAX_ANSWERS, help=(
+        "answers kept by Idempotency-Key at most, oldest dropped first (0: keys not honoured)"))
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--weights", choices=("auto", "fp32", *CPU_WEIGHTS), default="auto", help=(
@@ -61,6 +70,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.priority_aging_s > 0:
         p.error("--priority-aging-s must be a positive number of seconds")
+    if not args.idempotency_ttl_s > 0 or args.idempotency_max_answers < 0:
+        p.error("--idempotency-ttl-s must be positive and --idempotency-max-answers >= 0")
     return args
 
 
@@ -139,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, model, generation = checkpoint.name, checkpoint.model, checkpoint.generation
     provider = tracer_provider_from_env()
     app = create_app(engine, model_name=name, tracer=install(provider), defaults=generation,
-                     warm=True)
+                     warm=True, idempotency=IdempotencyLimits(args.idempotency_ttl_s,
+                                                              args.idempotency_max_answers))
     log.info("serving %s on http://%s:%d once warmed up (%s, %s weights, %d KV blocks of %d "
              "tokens; sampling defaults temperature %g, top_p %g)", name, args.host, args.port,
              device, weight_format(model), num_blocks, args.block_size, generation.temperature,

@@ -166,14 +166,21 @@ class Backend(FileModel):
     """The models this backend serves, by the name used in route targets (`backend/model`)."""
     priority: BandCarrier | None = None
     """How the caller's priority reaches the backend's own scheduler, as a band (tenant
-    `priority` high 0, normal 1, low 2; lower runs first): `header` sends
+    `priority` high 0, normal 1, low 2, batch lines 3; lower runs first): `header` sends
     `x-routegate-priority` (local_backend orders, preempts and ages by it), `vllm` sets the
     body's `priority` (vLLM started with `--scheduling-policy priority`), `none` sends
     nothing. Unset: `header` for a dedicated backend, `none` for a shared API."""
     service_tier: dict[Priority, str] = {}
-    """OpenAI's `service_tier` per tenant priority (`{high: priority, low: flex}`): a shared
+    """OpenAI's `service_tier` per band (`{high: priority, low: flex, batch: flex}`): a shared
     API's own tiers. A priority left out sends none of its own (the client's, if any, is
     kept); one mapped here replaces the client's."""
+
+    @property
+    def is_fleet(self) -> bool:
+        """Whether the gateway picks among replicas of this backend (else its one URL)."""
+        return self.deployment == "dedicated" and (
+            bool(self.urls) or self.resolve == "all"
+            or (self.launch is not None and self.launch.replicas > 1))
 
     @property
     def band_carrier(self) -> BandCarrier:

@@ -33,6 +33,12 @@ class PrefixPick(FileModel):
     tokenizer); a block's hash names everything before it too."""
     index_blocks: PositiveInt = 65536
     """Block hashes the index remembers per backend (least recently used dropped first)."""
+    precise: bool = False
+    """The replicas are routegate `local_backend`s: each request names its blocks to
+    the replica (`x-routegate-prefix-blocks`) and the gateway follows what each one
+    stores and evicts (`/v1/prefix_events`, every `poll_interval_s`), so the index holds
+    what the replicas hold instead of what they were sent. Off: the index is an
+    estimate (any OpenAI-compatible server, vLLM included)."""
     cached_weight: NonNegativeFloat = 4.0
     """Weight of the share of the prompt (0..1) a replica likely holds."""
     queue_weight: NonNegativeFloat = 1.0

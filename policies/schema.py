@@ -26,6 +26,7 @@ from policies.backend_schema import LatencyPriors as LatencyPriors
 from policies.backend_schema import LaunchSpec as LaunchSpec
 from policies.backend_schema import ModelSpec as ModelSpec
 from policies.backend_schema import Timeouts as Timeouts
+from policies.bands import BATCH_BAND, TenantPriority
 from policies.bands import Priority as Priority
 from policies.batch_schema import Batches as Batches
 from policies.file_model import KEY_HASH_PATTERN as KEY_HASH_PATTERN
@@ -92,6 +93,17 @@ class Route(FileModel):
                              "the best; `objective: ordered` has no such equals (use "
                              "`cheapest` or `fastest` with `spread`)")
         return self
+
+
+def _not_the_batch_band(value: object) -> object:
+    if value == BATCH_BAND:
+        raise ValueError("`batch` is the Batch API's own band, below `low`, and no tenant can "
+                         "be given it; use one of high, normal, low")
+    return value
+
+
+# A tenant's band: `batch` is refused by name, not with a bare "not one of" (policies/bands.py).
+TenantBand = Annotated[TenantPriority, BeforeValidator(_not_the_batch_band)]
 
 
 def _percent(value: object) -> object:
@@ -236,8 +248,9 @@ class Tenant(FileModel):
     """Access of single keys (by hash, one of `api_keys`), overriding the tenant's."""
     tags: list[Tag] = []
     """Labels compliance rules match (`eu`, `premium`; case does not matter)."""
-    priority: Priority = "normal"
-    """Queue band: `high` is served first, `low` is shed first."""
+    priority: TenantBand = "normal"
+    """Queue band: `high` is served first, `low` last of the tenants' bands (only batch lines,
+    in the `batch` band of their own, come after it)."""
     limits: Limits | None = None
     """Requests and tokens per minute for the tenant; none: `defaults.limits`."""
     key_limits: Limits | None = None
@@ -322,7 +335,7 @@ class ServerSettings(FileModel):
 class Defaults(FileModel):
     limits: Limits = Limits(requests_per_minute=60, tokens_per_minute=50_000)
     """Limits of tenants that set none."""
-    priority: Priority = "normal"
+    priority: TenantBand = "normal"
     """Queue band of tenants that set none."""
     # Access of a tenant that sets none (and of anonymous callers): every route, and no
     # target by its direct `backend/model` name (that would skip the route's rules).

@@ -39,7 +39,7 @@ class RequestFeatures:
     route: str  # a route name, or a target key the client named directly
     tenant: str
     tenant_tags: frozenset[str]
-    priority: str  # high | normal | low
+    priority: str  # high | normal | low (a tenant's; the Batch API's lines queue as batch)
     input_tokens: int
     output_tokens: int
     output_tokens_source: OutputSource

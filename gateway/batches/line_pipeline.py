@@ -8,10 +8,15 @@ telemetry) the same code as an interactive request's:
     begin           the record carries the batch id (metrics, access log, spans)
     authenticate    the key that created the batch, by its hash, against the live
                     policy (a key revoked since is refused; the header is not there)
-    priority        the lowest band, whatever the tenant's: queued and preempted first
+    priority        the `batch` band, below every tenant's: queued last, shed and
+                    preempted first
     read_body       the line's body (still held to `server.max_body_bytes`)
     route           routing's candidates, narrowed to where the runner placed the line
                     (dedicated capacity with room, or the spill targets)
+    attempt         a dedicated backend also gets the line's `Idempotency-Key`
+                    (`<batch id>/<line index>`): a line re-sent by the replica that took
+                    the batch over from a dead one gets the answer of the run already
+                    made (local_backend keeps it; docs/batches.md), never a second run
 
 A line is a `web.Request` made inside the gateway (`gateway.compat.aiohttp`), never a
 round trip over HTTP to itself: the gateway keeps no plain key to send, and a loopback
@@ -37,13 +42,17 @@ from gateway.core.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from gateway.core.failures import UpstreamFailure
 from gateway.core.timing import RequestTimings
 from gateway.core.whole_response import WholeResponse
 from gateway.pipeline.steps import Pipeline
-from policies.bands import Priority
+from gateway.upstream.pool import Upstream
+from policies.bands import BATCH_BAND, Priority
 from policies.load import ModelTarget
 
-BATCH_BAND: Priority = "low"  # the lowest band the queues and engines know
+# Where the engine is ours it runs a line once per key; a shared API gets no key (OpenAI's
+# has none), so a line in flight there when its runner dies may be sent again.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 @dataclass(slots=True)
@@ -53,6 +62,7 @@ class LineCall:
     body: bytes
     placement: Placement | None  # None: wherever routing says (no dedicated target)
     spill_to: tuple[str, ...] = ()
+    idempotency_key: str | None = None  # `<batch id>/<line index>`: the same on every replica
     ctx: RequestContext | None = field(default=None, repr=False)  # once begun
 
 
@@ -129,6 +139,16 @@ class BatchPipeline(Pipeline):
         placed = placed_candidates(ctx.candidates, call.placement, call.spill_to)
         if placed:  # else: the placement had nothing to choose from; routing's order
             ctx.candidates = placed
+
+
+    async def attempt(self, ctx: RequestContext, target: ModelTarget, upstream: Upstream,
+                      path: str, body: bytes) -> web.StreamResponse | UpstreamFailure:
+        key = ctx.request[LINE].idempotency_key
+        if key is not None and target.backend.deployment == "dedicated":
+            ctx.upstream_headers[IDEMPOTENCY_HEADER] = key
+        else:
+            ctx.upstream_headers.pop(IDEMPOTENCY_HEADER, None)
+        return await super().attempt(ctx, target, upstream, path, body)
 
 
 def placed_candidates(candidates: Sequence[ModelTarget],

@@ -211,7 +211,7 @@ class BatchRun:
             spill_to = tuple(settings.routes[model].spill_to) \
                 if isinstance(model, str) and model in settings.routes else ()
             call = LineCall(self.batch.id, self.batch.key_hash, orjson.dumps(line.body),
-                            placement, spill_to)
+                            placement, spill_to, idempotency_key=f"{self.batch.id}/{line.index}")
             task = asyncio.create_task(self.pipeline.run(self.endpoint(), self.batch.endpoint,
                                                          call))
             running[task] = (line, call)

@@ -106,19 +106,22 @@ async def drain_and_stop(runner: web.AppRunner, drain: Drain, *, announce_s: flo
     if drain.in_flight:
         log.info("listener closed; %d request(s) in flight get up to %gs", drain.in_flight,
                  timeout_s)
-        await _wait_unless(hurry, asyncio.wait_for(drain.wait_idle(), timeout_s))
+        await _wait_unless(hurry, drain.wait_idle(), timeout_s)
     if drain.in_flight:
         log.warning("drain timeout: ending %d request(s) still running", drain.cut())
-        await _wait_unless(hurry, asyncio.wait_for(drain.wait_idle(), CUT_GRACE_S))
+        await _wait_unless(hurry, drain.wait_idle(), CUT_GRACE_S)
     await runner.cleanup()
 
 
-async def _wait_unless(hurry: asyncio.Event, step: Coroutine[Any, Any, object]) -> None:
-    """Run `step` unless `hurry` is set first; its timeout just ends it."""
+async def _wait_unless(hurry: asyncio.Event, step: Coroutine[Any, Any, object],
+                       timeout_s: float | None = None) -> None:
+    """Run `step` for at most `timeout_s` unless `hurry` is set first. (`asyncio.wait`,
+    not `wait_for`: 3.11's `wait_for` can lose a cancellation that arrives as it ends.)"""
     work = asyncio.ensure_future(step)
     interrupt = asyncio.ensure_future(hurry.wait())
     try:
-        await asyncio.wait({work, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, interrupt}, timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in (work, interrupt):
             task.cancel()

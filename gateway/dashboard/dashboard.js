@@ -213,6 +213,13 @@ function render(data) {
   // failures in a row, and ejections so far
   fillTable("targets", Object.entries(data.targets || {}).map(([key, t]) =>
     [key, t.state.replace("_", " "), t.consecutive_failures, t.ejections_total]));
+  // each replica of each fleet: how busy, how full, how often its prefix cache hit
+  const percent = (value) => (value == null ? "–" : `${(100 * value).toFixed(1)}%`);
+  fillTable("replicas", Object.entries(data.fleets || {}).flatMap(([backend, fleet]) =>
+    Object.entries(fleet.replicas).map(([name, r]) =>
+      [`${backend} ${name}`, r.state.replace("_", " "),
+        Math.max(r.outstanding, (r.waiting || 0) + (r.running || 0)), percent(r.kv_cache_use),
+        r.requests, percent(r.cache_hit_rate), r.index_blocks])));
   // batch lines on dedicated vs shared capacity, and the cost against all-shared
   fillTable("batches", Object.entries(data.batches || {}).map(([id, b]) =>
     [id, b.status, `${b.done}/${b.total}`, b.dedicated_lines, b.shared_lines,

@@ -203,8 +203,9 @@ class Supervisor:
                         return True
             except (TimeoutError, aiohttp.ClientError):
                 pass  # not listening yet
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(process.wait(), HEALTH_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEALTH_POLL_S):
+                    await process.wait()
         return False
 
 
@@ -214,7 +215,8 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
     try:
-        await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        async with asyncio.timeout(STOP_GRACE_S):
+            await process.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()

@@ -153,6 +153,22 @@ def _option_problem(policy: Policy, policy_path: str, tenant: str | None,
     return None
 
 
+def _fleet_line(policy: Policy, target: str) -> str | None:
+    """How a fleet target's replica is chosen (live, so not simulated here), or None."""
+    backend = policy.file.backends.get(target.split("/", 1)[0])
+    if backend is None or not backend.is_fleet:
+        return None
+    if backend.launch is not None:
+        replicas = f"{backend.launch.replicas} launched replicas"
+    elif backend.urls:
+        replicas = f"{len(backend.urls)} listed replicas"
+    else:
+        replicas = f"every address of {backend.url} (resolve: all)"
+    precise = " (precise)" if backend.pick == "prefix" and backend.fleet.prefix.precise else ""
+    return (f"           {replicas}, pick {backend.pick}{precise}: the replica is chosen per "
+            "request from their live load and prefix cache (not simulated offline)")
+
+
 def render(decision: RouteDecision, policy: Policy) -> str:
     data = decision.to_dict()
     features = data["features"]
@@ -178,6 +194,9 @@ def render(decision: RouteDecision, policy: Policy) -> str:
                 f"total {candidate['predicted_total_ms']:>8.0f} ms  "
                 f"cost ${usd:.6f}  "
                 f"{'within budget' if candidate['within_budget'] else 'OVER budget'}")
+            fleet = _fleet_line(policy, candidate["target"])
+            if fleet is not None:
+                lines.append(fleet)
     if data["excluded"]:
         lines.append("excluded:")
         for excluded in data["excluded"]:

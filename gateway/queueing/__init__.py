@@ -8,10 +8,10 @@ from gateway.queueing.errors import (
     QueueRejected,
     WouldMissDeadline,
 )
-from gateway.queueing.fair_share import PRIORITIES, Priority
 from gateway.queueing.queues import BackendQueues, QueueSnapshot
 from gateway.queueing.shedding import ShedPolicy
 from gateway.queueing.slots import Acquisition, QueueCounters, SlotTicket
+from policies.bands import PRIORITIES, Priority
 
 __all__ = [
     "PRIORITIES",

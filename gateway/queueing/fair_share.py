@@ -20,12 +20,9 @@ import asyncio
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from gateway.queueing.clock import TimerHandle
-
-Priority = Literal["high", "normal", "low"]
-PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")  # served in this order
+from policies.bands import Priority
 
 
 @dataclass(eq=False, slots=True)

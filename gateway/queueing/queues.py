@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.queueing.clock import Clock, MonotonicClock
-from gateway.queueing.fair_share import PRIORITIES, Priority
 from gateway.queueing.shedding import ShedPolicy
 from gateway.queueing.slots import Acquisition, QueueCounters, SlotQueue
+from policies.bands import PRIORITIES, Priority
 from policies.load import ModelTarget, Policy
 
 DEFAULT_SERVICE_S = 1.0  # slot hold time assumed before any request has finished

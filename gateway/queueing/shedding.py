@@ -6,8 +6,9 @@ Rules, cheapest first:
    prediction counts the waiters ahead of it *and* the share of the backend that
    higher bands will take while it waits (they overtake it), so a normal request
    admitted under a stream of high-priority traffic is not left to expire.
-2. Each priority may fill only its share of the queue; `low` gets half by
-   default so that a burst of background traffic leaves room for interactive work.
+2. Each priority may fill only its share of the queue; `low` gets half and
+   `batch` (the Batch API's lines) a quarter by default, so that a burst of
+   background traffic leaves room for interactive work.
 3. When the share is used up, a more urgent arrival evicts the newest waiter of
    the lowest band below it (the one that has invested least in waiting);
    otherwise the arrival itself is refused.
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from gateway.queueing.fair_share import PRIORITIES, FairBand, Priority, Waiter
+from gateway.queueing.fair_share import FairBand, Waiter
+from policies.bands import PRIORITIES, Priority
 
 DEFAULT_MAX_WAITING = 256
 # Time constant of the arrival-rate estimate per band: about the budgets it
@@ -34,7 +36,7 @@ SATURATED_SHARE = 0.02
 MAX_PREDICTED_WAIT_S = 3600.0
 ADMISSION_Z = 1.65
 DEFAULT_SHARES: Mapping[Priority, float] = MappingProxyType(
-    {"high": 1.0, "normal": 1.0, "low": 0.5})
+    {"high": 1.0, "normal": 1.0, "low": 0.5, "batch": 0.25})
 
 
 @dataclass(frozen=True, slots=True)

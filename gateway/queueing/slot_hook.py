@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from gateway.core.context import RequestContext
 from gateway.core.errors import DeadlinePassed, NoBackendAvailable
 from gateway.queueing.errors import QueueDeadlinePassed, QueueRejected
-from gateway.queueing.fair_share import PRIORITIES, Priority
 from gateway.queueing.queues import BackendQueues
 from gateway.queueing.slots import SlotTicket
+from policies.bands import PRIORITIES, Priority
 from policies.load import ModelTarget
 
 

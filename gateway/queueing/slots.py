@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.queueing.clock import Clock
 from gateway.queueing.errors import Evicted, QueueDeadlinePassed, QueueFull, WouldMissDeadline
-from gateway.queueing.fair_share import PRIORITIES, FairBand, Priority, Waiter
+from gateway.queueing.fair_share import FairBand, Waiter
 from gateway.queueing.shedding import (
     ArrivalRate,
     ShedPolicy,
@@ -28,6 +28,7 @@ from gateway.queueing.shedding import (
     choose_victim,
     estimate_wait,
 )
+from policies.bands import PRIORITIES, Priority
 
 # Weight of the newest hold time in the running mean: ~10 requests of memory,
 # fast enough to follow a backend slowing down.

@@ -28,7 +28,6 @@ from aiohttp import web
 from gateway.core.background import run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
-from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
 from policies.schema import Backend
 from routing.outliers import Ejections
@@ -99,7 +98,7 @@ class HealthChecker:
         policy = self.live.current
         for name, backend in policy.file.backends.items():
             if not backend.enabled or not checks_enabled(backend) or name in self._running \
-                    or is_fleet(backend):  # checked per replica (replica_watch.py)
+                    or backend.is_fleet:  # checked per replica (replica_watch.py)
                 continue
             health = self.backends.setdefault(name, BackendHealth())
             if now < health.due_at:

@@ -21,7 +21,6 @@ from aiohttp import web
 
 from gateway.core.background import run_while_serving
 from gateway.core.live_policy import LivePolicy
-from gateway.route.replicas import is_fleet
 from gateway.upstream.pool import UpstreamPool
 from routing.stats import LiveStats
 
@@ -81,7 +80,7 @@ class BackendLoadPoller:
         policy = self.live.current
         jobs = []
         for name, backend in policy.file.backends.items():
-            if not backend.enabled or backend.deployment != "dedicated" or is_fleet(backend):
+            if not backend.enabled or backend.deployment != "dedicated" or backend.is_fleet:
                 continue  # a fleet's replicas are read one by one (replica_watch.py)
             adapter = self.pool.get(name, backend)
             if adapter is None:

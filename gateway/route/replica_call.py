@@ -21,6 +21,7 @@ from typing import Any
 from gateway.core.context import RequestContext
 from gateway.core.deadline import Timeouts
 from gateway.core.failures import ConnectRefused, ConnectTimeout, UpstreamFailure
+from gateway.route.prefix_events import PREFIX_HEADER
 from gateway.route.replicas import (
     Fleet,
     Fleets,
@@ -128,6 +129,8 @@ class ReplicaCall:
             attempt.replica = replica.name
         fleet.ejections.attempt_started(replica.name, monotonic(), detection)
         replica.outstanding += 1
+        if fleet.precise:  # the replica names the prompt's blocks as this gateway does
+            headers = {**(headers or {}), PREFIX_HEADER: fleet.block_chars_header}
         try:
             response = await replica.adapter.open(path, body, headers, timeouts)
         except UpstreamFailure as failure:

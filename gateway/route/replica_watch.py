@@ -30,6 +30,7 @@ from gateway.core.live_policy import LivePolicy
 from gateway.route.health import check_url
 from gateway.route.hook import RoutingHook
 from gateway.route.load import MAX_METRICS_BYTES, metrics_url, parse_load
+from gateway.route.prefix_events import follow
 from gateway.route.replica_call import ReplicaChooser
 from gateway.route.replica_metrics import ReplicaCollector
 from gateway.route.replicas import Fleet, Fleets, Replica, replica_name
@@ -88,8 +89,8 @@ class FleetWatcher:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            addresses = await asyncio.wait_for(self.resolver(parts.hostname or "", port),
-                                               fleet.backend.timeouts.connect_s)
+            async with asyncio.timeout(fleet.backend.timeouts.connect_s):
+                addresses = await self.resolver(parts.hostname or "", port)
         except (OSError, TimeoutError) as exc:
             # a failed lookup changes nothing: the replicas known keep serving
             log.warning("backend %s: resolving %s failed: %r", fleet.name, parts.hostname, exc)
@@ -124,6 +125,8 @@ class FleetWatcher:
             replica.waiting, replica.running, replica.kv_use = parse_load(text)
             replica.load_at = now
         self._record_check(fleet, replica.name, error, now)
+        if fleet.precise and error is None:
+            await follow(session, fleet, replica, timeout)
 
     def _record_check(self, fleet: Fleet, name: str, error: str | None, now: float) -> None:
         settings = fleet.backend.health_check

@@ -46,13 +46,6 @@ log = logging.getLogger("routegate.replicas")
 DEFAULT_SALT_KEY = b"routegate cache salt"  # `fleet.salt_key` unset: salts are still apart
 
 
-def is_fleet(backend: Backend) -> bool:
-    """Whether the gateway picks among replicas of `backend` (else the pool's one URL)."""
-    return backend.deployment == "dedicated" and (
-        bool(backend.urls) or backend.resolve == "all"
-        or (backend.launch is not None and backend.launch.replicas > 1))
-
-
 def replica_name(url: str) -> str:
     """A replica's name in reports and the `replica` label: its host:port."""
     return urlsplit(url).netloc
@@ -69,6 +62,9 @@ class Replica:
     running: int | None = None
     kv_use: float | None = None
     load_at: float | None = None
+    # with `precise`: which life of the replica's prefix-event log was read, and how far
+    events_epoch: str | None = None
+    events_next: int = 0
 
     def view(self, now: float, ejected_until: float | None) -> ReplicaView:
         fresh = self.load_at is not None and now - self.load_at <= LOAD_FRESH_S
@@ -88,10 +84,15 @@ class Fleet:
     turn: int = 0
     index: PrefixIndex = field(init=False)
     ejections: Ejections = field(init=False)
+    precise: bool = field(init=False)  # the index follows the replicas' prefix events
+    block_chars_header: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.index = PrefixIndex(self.backend.fleet.prefix.index_blocks)
+        prefix = self.backend.fleet.prefix
+        self.index = PrefixIndex(prefix.index_blocks)
         self.ejections = Ejections(self.health)
+        self.precise = prefix.precise and self.backend.pick == "prefix"
+        self.block_chars_header = str(prefix.block_chars)
 
     def set_urls(self, urls: Mapping[str, str], source: str) -> None:
         """The replicas from `source` are now exactly `urls` (name → API base URL)."""
@@ -156,6 +157,7 @@ class Fleet:
                 "cached_tokens": cached_tokens,
                 "cache_hit_rate": round(cached_tokens / prompt_tokens, 4)
                 if prompt_tokens else None,
+                "index_blocks": self.index.held.get(name, 0),  # what the index says it holds
             }
         return out
 
@@ -194,7 +196,7 @@ class Fleets:
 
     def follow(self, policy: Policy) -> None:
         wanted = {name: backend for name, backend in policy.file.backends.items()
-                  if backend.enabled and is_fleet(backend)}
+                  if backend.enabled and backend.is_fleet}
         for name in [n for n in self.fleets if n not in wanted]:
             for replica in list(self.fleets[name].replicas):
                 self.fleets[name].remove(replica)
@@ -228,7 +230,8 @@ class Fleets:
         return self.fleets.get(name)
 
     def report(self, now: float) -> dict[str, dict[str, Any]]:
-        return {name: {"pick": fleet.backend.pick, "index_blocks": len(fleet.index),
+        return {name: {"pick": fleet.backend.pick, "precise": fleet.precise,
+                       "index_blocks": len(fleet.index),
                        "replicas": fleet.report(now, self.tokens.counts if self.tokens
                                                  is not None else {})}
                 for name, fleet in sorted(self.fleets.items())}

@@ -239,7 +239,8 @@ class WorkerSupervisor:
             return
         self._redis.terminate()
         try:
-            await asyncio.wait_for(self._redis.wait(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._redis.wait()
         except TimeoutError:
             self._redis.kill()
             await self._redis.wait()
@@ -252,7 +253,8 @@ async def _answers_ping(socket_path: Path) -> bool:
         return False
     try:
         writer.write(b"PING\r\n")
-        return (await asyncio.wait_for(reader.readline(), 1.0)).startswith(b"+PONG")
+        async with asyncio.timeout(1.0):
+            return (await reader.readline()).startswith(b"+PONG")
     except (OSError, TimeoutError):
         return False
     finally:

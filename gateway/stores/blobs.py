@@ -114,7 +114,8 @@ class RedisBlobs:
         if self._retry_at and self._clock() < self._retry_at:
             raise BlobStoreUnavailable("Redis failed moments ago; not tried again yet")
         try:
-            result = await asyncio.wait_for(operation(), self.op_timeout_s)
+            async with asyncio.timeout(self.op_timeout_s):
+                result = await operation()
         except (RedisError, OSError, TimeoutError) as exc:
             self._retry_at = self._clock() + self.retry_after_s
             raise BlobStoreUnavailable(f"Redis: {exc.__class__.__name__}: {exc}") from exc

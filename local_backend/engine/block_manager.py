@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from local_backend.engine.prefix_events import PrefixEvents
 from local_backend.engine.sequence import Sequence
 
 ROOT = (-1, 0)  # the "previous block" of a sequence's first block
@@ -33,12 +34,13 @@ def chain_hash(parent: int | None, tokens: list[int]) -> int:
 class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
-        hash_fn: HashFn = chain_hash,
+        hash_fn: HashFn = chain_hash, events: PrefixEvents | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.hash_fn = hash_fn
+        self.events = events  # told what is cached and evicted, for clients' prefix tags
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # What a cached block holds, checked on every hit: its tokens, and the block
@@ -72,6 +74,8 @@ class BlockManager:
         if old is not None:  # evicting a cached block: forget its contents
             if self.cached.get(old) == block:
                 del self.cached[old]
+                if self.events is not None:
+                    self.events.evicted(old)
             self.block_hash[block] = None
             self.block_tokens[block] = None
         self.generation[block] += 1
@@ -162,6 +166,16 @@ class BlockManager:
                 self.block_hash[block] = parent
                 self.block_tokens[block] = tuple(chunk)
                 self.block_parent[block] = self._identity(seq.block_table[i - 1] if i else None)
+        if seq.prefix_tags and self.events is not None:
+            self._publish_tags(seq, self.events)
+
+    def _publish_tags(self, seq: Sequence, events: PrefixEvents) -> None:
+        """Tell `events` of the client's prefix tags whose blocks are now all computed."""
+        done, tags = len(seq.block_hashes), seq.prefix_tags
+        while seq.tags_published < len(tags) and tags[seq.tags_published][1] <= done:
+            tag, needed = tags[seq.tags_published]
+            events.stored(tag, seq.block_hashes[:needed], self.cached.__contains__)
+            seq.tags_published += 1
 
     def release(self, seq: Sequence) -> None:
         """Drop a sequence's references; its tail blocks become the first to be evicted."""

@@ -24,6 +24,7 @@ from local_backend.engine.interface import QueueFull as QueueFull
 from local_backend.engine.interface import RequestOutput as RequestOutput
 from local_backend.engine.interface import RequestRejected as RequestRejected
 from local_backend.engine.params import SamplingParams
+from local_backend.engine.prefix_events import PrefixEvents
 from local_backend.engine.priority import SchedulingPolicy
 from local_backend.engine.runner import ModelRunner
 from local_backend.engine.sampler import Sampler, TokenLogprob
@@ -53,8 +54,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.clock = clock
+        self.prefix_events = PrefixEvents()
         self.blocks = BlockManager(
-            config.num_blocks, config.block_size, prefix_caching=config.prefix_caching
+            config.num_blocks, config.block_size, prefix_caching=config.prefix_caching,
+            events=self.prefix_events,
         )
         # A sequence alone must always fit in the cache, or it could never be rescheduled.
         fits = (config.num_blocks - self.blocks.watermark) * config.block_size
@@ -119,12 +122,14 @@ class Engine:
         deadline: float | None = None,
         priority: int = 1,
         cache_salt: str | None = None,
+        prefix_tags: tuple[tuple[int, int], ...] = (),
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; its outputs arrive on the returned queue. Call from the event loop.
         `deadline` (engine clock): when nobody waits for the answer any more; a sequence
         still queued then, or one that could not finish by then at the engine's pace, is
         dropped before its prefill, a running one stops at that step, all with
-        finish_reason "deadline". `priority`: its band, lower first (priority.py)."""
+        finish_reason "deadline". `priority`: its band, lower first (priority.py).
+        `prefix_tags`: the client's names for prefixes of the prompt (prefix_events.py)."""
         if not prompt_ids:
             raise RequestRejected("the prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
@@ -142,7 +147,8 @@ class Engine:
         params = dataclasses.replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids)
         seq = Sequence(request_id, list(prompt_ids), params,
                        Timings(arrival=self.clock() if arrival is None else arrival),
-                       deadline=deadline, priority=priority, cache_salt=cache_salt)
+                       deadline=deadline, priority=priority, cache_salt=cache_salt,
+                       prefix_tags=prefix_tags)
         # Unbounded in type only: it holds at most one output per step, max_tokens + 1 in all.
         out: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._inbox.put(("add", (seq, (asyncio.get_running_loop(), out))))

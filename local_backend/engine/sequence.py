@@ -46,6 +46,10 @@ class Sequence:
     # the caller's `cache_salt`: seeds its block hashes, so its prefix blocks are found
     # only by requests with the same salt (a gateway sends one per tenant)
     cache_salt: str | None = None
+    # a client's names for prefixes of the prompt: (tag, token blocks it covers), in
+    # order (prefix_events.py); the first `tags_published` have been reported
+    prefix_tags: tuple[tuple[int, int], ...] = ()
+    tags_published: int = 0
     band: int = 1  # the band it is scheduled by: `priority`, raised by waiting (aging)
     band_since: float = 0.0  # when it entered `band` (engine clock)
     order: int = 0  # arrival order in the engine, the last tie-break

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 import uuid
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,49 +13,34 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from local_backend.chat_template import ChatTemplate, ChatTemplateError
 from local_backend.engine.loop import Engine, QueueFull, RequestOutput, RequestRejected
-from local_backend.engine.sampler import TokenLogprob
 from local_backend.generation_config import GenerationConfig
+from local_backend.server.answers import complete, stream
+from local_backend.server.backend import BACKEND, DEADLINE_HEADER, RETRY_AFTER_S, Backend
 from local_backend.server.errors import ApiError, bad_request, error_middleware
+from local_backend.server.idempotency import IdempotencyLimits, KeptAnswers, key_of
 from local_backend.server.metrics import BackendMetrics
+from local_backend.server.prefix_tags import (
+    block_chars_asked,
+    events_handler,
+    prefix_tags,
+    prompt_text,
+)
 from local_backend.server.protocol import (
     CAPABILITIES,
     ParsedRequest,
     ResponseBuilder,
     choice_params,
-    combined,
     parse,
 )
 from local_backend.server.request_priority import priority_of
 from local_backend.server.timing import (
     SpanRecorder,
     inbound_context,
-    request_metrics,
-    server_timing,
 )
-from local_backend.server.warmup import MeasuredRates, warm_up
+from local_backend.server.warmup import warm_up
 
 # Prompts longer than this are tokenised off the event loop.
 INLINE_TOKENIZE_CHARS = 4096
-RETRY_AFTER_S = 1
-ENGINE_FAILURES = ("error", "shutdown")
-# The time the caller still waits for the answer, in ms (a gateway sends it): past it the
-# request is dropped if still queued (504) or stopped where it is.
-DEADLINE_HEADER = "x-routegate-deadline-ms"
-
-
-def unserved(final: RequestOutput) -> ApiError | None:
-    """Why a choice that ended produced nothing the client can use, or None."""
-    if final.finish_reason in ENGINE_FAILURES:
-        return engine_failure(final.finish_reason)
-    if final.finish_reason == "shed":  # only ever a request not yet started
-        return ApiError(429, "the server is busy: requests of a better priority band took "
-                        "this one's place in its queue", type_="rate_limit_error",
-                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
-    if final.finish_reason == "deadline" and not final.completion_tokens:
-        return ApiError(504, f"the request's deadline ({DEADLINE_HEADER}) passed, or could not "
-                        "be met at the server's pace, before it left the queue",
-                        type_="server_error", code="deadline_exceeded")
-    return None
 
 
 def deadline_of(request: web.Request, arrival: float) -> float | None:
@@ -77,28 +58,6 @@ def deadline_of(request: web.Request, arrival: float) -> float | None:
     return arrival + left_ms / 1000.0
 
 
-def engine_failure(reason: str | None) -> ApiError:
-    if reason == "shutdown":
-        return ApiError(503, "the server is shutting down", type_="server_error",
-                        code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
-    return ApiError(500, "the engine failed while generating", type_="server_error",
-                    code="engine_error")
-
-
-@dataclass
-class Backend:
-    engine: Engine
-    model_name: str
-    template: ChatTemplate
-    metrics: BackendMetrics
-    spans: SpanRecorder
-    defaults: GenerationConfig
-    rates: MeasuredRates | None = None  # once warmed up
-
-
-BACKEND = web.AppKey("backend", Backend)
-
-
 def create_app(
     engine: Engine,
     *,
@@ -106,17 +65,21 @@ def create_app(
     tracer: trace.Tracer | None = None,
     defaults: GenerationConfig | None = None,
     warm: bool = False,
+    idempotency: IdempotencyLimits | None = None,
 ) -> web.Application:
     """`warm`: warm the engine up (`warmup`) before the server listens, so that `/health`
     answers only once requests run at full speed, and report its measured rates."""
     tok = engine.tokenizer
+    backend_metrics = BackendMetrics(engine.stats, model_name)
     backend = Backend(
         engine=engine,
         model_name=model_name,
         template=ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token),
-        metrics=BackendMetrics(engine.stats, model_name),
+        metrics=backend_metrics,
         spans=SpanRecorder(tracer or trace.get_tracer("local_backend")),
         defaults=defaults or GenerationConfig(eos_token_ids=engine.eos_token_ids),
+        answers=KeptAnswers(idempotency or IdempotencyLimits(),
+                            backend_metrics.registry),
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024**2)
     app[BACKEND] = backend
@@ -126,6 +89,7 @@ def create_app(
         if warm:  # the runner listens only after this (cleanup_ctx runs in its setup)
             backend.rates = await warm_up(engine)
         yield
+        await backend.answers.close()
         await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
     app.cleanup_ctx.append(engine_thread)
@@ -134,6 +98,7 @@ def create_app(
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/prefix_events", events_handler(engine.prefix_events))
     return app
 
 
@@ -186,13 +151,28 @@ async def _prompt_ids(b: Backend, req: ParsedRequest) -> list[int]:
     return await loop.run_in_executor(None, lambda: tok.encode(text, add_special_tokens=special))
 
 
+def _prefix_tags(request: web.Request, engine: Engine, req: ParsedRequest,
+                 prompt_tokens: int) -> tuple[tuple[int, int], ...]:
+    """The client's names for this prompt's prefixes, when it asks (prefix_tags.py)."""
+    block_chars = block_chars_asked(request.headers)
+    text = prompt_text(req.messages) if req.messages is not None else req.prompt_text or ""
+    if block_chars is None or not text:
+        return ()
+    tags, never = prefix_tags(text, req.cache_salt, block_chars, prompt_tokens,
+                              engine.config.block_size)
+    for tag in never:
+        engine.prefix_events.not_held(tag)
+    return tags
+
+
 async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     b = request.app[BACKEND]
     engine = b.engine
     arrival = engine.clock()
     deadline = deadline_of(request, arrival)
+    raw = await request.read()
     try:
-        body = orjson.loads(await request.read())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from exc
     req = parse(body, chat=chat, defaults=b.defaults)
@@ -204,7 +184,18 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     vocab = engine.runner.model.config.vocab_size
     if any(not 0 <= t < vocab for t, _ in req.params.logit_bias):
         raise bad_request(f"'logit_bias' token ids must be in [0, {vocab})", "logit_bias")
+    key = key_of(request.headers, stream=req.stream)
+    if key is not None and b.answers.enabled:  # the tenant's salt scopes the key
+        return await b.answers.once((req.cache_salt or "", key), raw, lambda: _generate(
+            request, b, req, arrival, deadline, priority))
+    return await _generate(request, b, req, arrival, deadline, priority)
+
+
+async def _generate(request: web.Request, b: Backend, req: ParsedRequest, arrival: float,
+                    deadline: float | None, priority: int) -> web.StreamResponse:
+    engine, chat = b.engine, req.chat
     prompt_ids = await _prompt_ids(b, req)
+    tags = _prefix_tags(request, engine, req, len(prompt_ids))
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     # each choice is its own sequence (the prompt's blocks are shared by prefix caching)
     choice_ids = [request_id] if req.n == 1 else [f"{request_id}-{i}" for i in range(req.n)]
@@ -214,7 +205,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
             queues.append(engine.add_request(choice_id, prompt_ids,
                                              choice_params(req.params, index), arrival=arrival,
                                              deadline=deadline, priority=priority,
-                                             cache_salt=req.cache_salt))
+                                             cache_salt=req.cache_salt,
+                                             prefix_tags=tags))
     except (QueueFull, RequestRejected) as exc:
         for choice_id in choice_ids[:len(queues)]:  # all of the request or none of it
             engine.abort(choice_id)
@@ -228,9 +220,9 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     parent = inbound_context(request.headers)
     try:
         if req.stream:
-            response = await _stream(request, b, req, builder, queues)
+            response = await stream(request, b, req, builder, queues)
         else:
-            response = await _complete(b, builder, queues)
+            response = await complete(b, builder, queues)
     finally:
         if builder.final is None:  # cancelled, client gone, or failed: free the blocks now
             for choice_id in choice_ids:
@@ -239,138 +231,3 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
                    {"gen_ai.request.model": b.model_name,
                     "gen_ai.operation.name": "chat" if chat else "text_completion"})
     return response
-
-
-async def _next_batch(
-    b: Backend, outputs: asyncio.Queue[RequestOutput], last_time: list[float]
-) -> list[RequestOutput]:
-    """Wait for one output, then take whatever else is ready (one write for several tokens)."""
-    batch = [await outputs.get()]
-    while not batch[-1].finished and not outputs.empty():
-        batch.append(outputs.get_nowait())
-    for out in batch:
-        if last_time and out.token_ids:
-            b.metrics.itl.observe(max(out.time - last_time[0], 0.0))
-        if out.token_ids:
-            last_time[:] = [out.time]
-    return batch
-
-
-async def _choice_batches(
-    b: Backend, queues: list[asyncio.Queue[RequestOutput]],
-) -> AsyncGenerator[tuple[int, list[RequestOutput]], None]:
-    """(choice index, batch of its outputs) as they come, until every choice has ended.
-    One choice (`n` = 1, the usual case) is read directly, without a task per batch."""
-    last_times: list[list[float]] = [[] for _ in queues]
-    if len(queues) == 1:
-        while True:
-            batch = await _next_batch(b, queues[0], last_times[0])
-            yield 0, batch
-            if batch[-1].finished:
-                return
-    waiting = {asyncio.ensure_future(_next_batch(b, outputs, last_times[i])): i
-               for i, outputs in enumerate(queues)}
-    try:
-        while waiting:
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for got in done:
-                index = waiting.pop(got)
-                batch = got.result()
-                if not batch[-1].finished:
-                    waiting[asyncio.ensure_future(
-                        _next_batch(b, queues[index], last_times[index]))] = index
-                yield index, batch
-    finally:
-        for got in waiting:
-            got.cancel()
-
-
-def _finish(b: Backend, builder: ResponseBuilder, final: RequestOutput) -> dict[str, Any]:
-    end = b.engine.clock()
-    metrics = request_metrics(final, end)
-    b.metrics.observe_request(metrics, final.finish_reason)
-    builder.final, builder.end = final, end
-    return metrics
-
-
-async def _complete(
-    b: Backend, builder: ResponseBuilder, queues: list[asyncio.Queue[RequestOutput]]
-) -> web.Response:
-    texts: list[list[str]] = [[] for _ in queues]
-    lps: list[list[TokenLogprob]] = [[] for _ in queues]
-    ended: list[RequestOutput | None] = [None] * len(queues)
-    async with contextlib.aclosing(_choice_batches(b, queues)) as batches:
-        async for index, batch in batches:
-            for out in batch:
-                texts[index].append(out.text)
-                lps[index].extend(out.logprobs)
-            if batch[-1].finished:
-                failure = unserved(batch[-1])
-                if failure is not None:
-                    raise failure
-                ended[index] = batch[-1]
-    finals = [last for last in ended if last is not None]  # every choice, once it ends
-    final = combined(builder.id, finals)
-    metrics = _finish(b, builder, final)
-    body = builder.full(
-        [("".join(t), last, lp) for t, last, lp in zip(texts, finals, lps, strict=True)],
-        final, metrics)
-    return web.Response(body=orjson.dumps(body), content_type="application/json",
-                        headers={"Server-Timing": server_timing(metrics)})
-
-
-async def _stream(
-    request: web.Request, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
-    queues: list[asyncio.Queue[RequestOutput]],
-) -> web.StreamResponse:
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Request-Id": builder.id,
-    })
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionResetError):  # client gone: the caller aborts
-        await _relay(response, b, req, builder, queues)
-    return response
-
-
-async def _relay(
-    response: web.StreamResponse, b: Backend, req: ParsedRequest, builder: ResponseBuilder,
-    queues: list[asyncio.Queue[RequestOutput]],
-) -> None:
-    """Each choice's new text as it comes, tagged with its index; the request's usage
-    and metrics with the last choice's end."""
-    async def send(obj: dict[str, Any]) -> None:
-        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
-    if req.chat:
-        for index in range(len(queues)):
-            await send(builder.chunk(None, first=True, index=index))
-    finals: list[RequestOutput | None] = [None] * len(queues)
-    async with contextlib.aclosing(_choice_batches(b, queues)) as batches:
-        async for index, batch in batches:
-            final = batch[-1] if batch[-1].finished else None
-            failure = unserved(final) if final is not None else None
-            if failure is not None:
-                await send({"error": failure.body()})
-                break
-            text = "".join(o.text for o in batch)
-            lps = [lp for o in batch for lp in o.logprobs]
-            if not (text or lps or final is not None):
-                continue
-            merged = RequestOutput(builder.id, text, [], time.monotonic(), logprobs=lps,
-                                   finished=final is not None,
-                                   finish_reason=final.finish_reason if final else None)
-            chunk = builder.chunk(merged, index=index)
-            finals[index] = final
-            if final is None or any(f is None for f in finals):
-                await send(chunk)
-                continue
-            request_final = combined(builder.id, [f for f in finals if f is not None])
-            metrics = _finish(b, builder, request_final)
-            if not req.include_usage:
-                chunk["metrics"] = metrics
-            await send(chunk)
-            if req.include_usage:
-                await send(builder.usage_chunk(request_final, metrics))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()

@@ -10,7 +10,7 @@ from typing import Any
 from local_backend.server.errors import bad_request
 
 PRIORITY_HEADER = "x-routegate-priority"
-DEFAULT_PRIORITY = 1  # the gateway's `normal` band (high 0, low 2)
+DEFAULT_PRIORITY = 1  # the gateway's `normal` band (high 0, low 2, batch lines 3)
 MAX_PRIORITY = 9  # bands are labels of the engine's metrics: a small fixed set
 
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
+from gateway.core.auth import key_hash
 from gateway.launch.supervisor import free_port
 from gateway.server.workers import WorkerSupervisor
 from gateway.settings import Settings
@@ -264,6 +265,47 @@ async def test_a_launched_backend_is_started_once_for_all_workers(tmp_path: Path
         assert statuses == {200: 20}
         launched = [pid for pid in children_of(os.getpid()) if CHILD in command_of(pid)]
         assert len(launched) == 1 and supervisor.backends.children["local"].starts == 1
+    finally:
+        supervisor.stop()
+        assert await asyncio.wait_for(running, 20) == 0
+
+
+async def test_launched_replicas_are_started_once_and_every_worker_picks_among_them(
+        tmp_path: Path) -> None:
+    port = free_port()
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({
+        "version": 1,
+        "backends": {"local": {"type": "openai", "deployment": "dedicated",
+                               "launch": {"model": "demo", "replicas": 2},
+                               "models": {"demo": {}}}},
+        "routes": {"chat": {"targets": ["local/demo"]}},
+        "auth": {"anonymous": {"enabled": True}, "admin_keys": [key_hash("admin")]},
+    }))
+    settings = Settings(port=port, policy_path=path, launch_command=(sys.executable, CHILD))
+    supervisor = WorkerSupervisor(
+        load(path), settings, workers=2, directory=tmp_path,
+        worker_command=[sys.executable, "-m", "gateway", "serve", "--policy", str(path),
+                        "--port", str(port)])
+    running = asyncio.create_task(supervisor.run())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url)
+        await until(lambda: len(supervisor.workers) == 2)
+        await wait_ready(url)
+        assert await post_each_on_its_own_connection(url, 20) == {200: 20}
+        launched = [pid for pid in children_of(os.getpid()) if CHILD in command_of(pid)]
+        assert len(launched) == 2
+        assert set(supervisor.backends.children) == {"local#0", "local#1"}
+        # each connection may land on either worker: every one of them sees both replicas
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async def replicas_seen() -> int:
+                async with session.get(url + "/admin/backends",
+                                       headers={"Authorization": "Bearer admin"}) as response:
+                    return len((await response.json())["backends"]["local"]["fleet"]["replicas"])
+
+            assert set(await asyncio.gather(*(replicas_seen() for _ in range(16)))) == {2}
     finally:
         supervisor.stop()
         assert await asyncio.wait_for(running, 20) == 0

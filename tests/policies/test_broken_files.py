@@ -224,6 +224,14 @@ CASES = [
         tenants:
           acme: {priority: urgent}
         """), 19, 20, "tenants.acme.priority", "'high', 'normal' or 'low'"),
+    Broken("tenant given the batch band", with_backends("""
+        tenants:
+          acme: {priority: batch}
+        """), 19, 20, "tenants.acme.priority", "`batch` is the Batch API's own band"),
+    Broken("default priority the batch band", with_backends("""
+        defaults:
+          priority: batch
+        """), 19, 13, "defaults.priority", "no tenant can be given it"),
     Broken("zero rate limit", with_backends("""
         defaults:
           limits: {requests_per_minute: 0}

@@ -75,7 +75,8 @@ class SharedExporter:
                 log.error("trace exporter process (pid %d) exited with code %s; starting "
                           "it again in %.1fs", process.pid, code, self._restart_after_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), self._restart_after_s)
+                async with asyncio.timeout(self._restart_after_s):
+                    await self._stopped.wait()
 
     async def _start(self) -> asyncio.subprocess.Process | None:
         assert self._listener is not None, "listen() first"
@@ -114,7 +115,8 @@ class SharedExporter:
         process = self.process
         if process is not None and process.returncode is None:
             try:
-                await asyncio.wait_for(process.wait(), self._stop_timeout_s)
+                async with asyncio.timeout(self._stop_timeout_s):
+                    await process.wait()
             except TimeoutError:
                 log.warning("trace exporter process (pid %d) did not stop in %.0fs; "
                             "killed", process.pid, self._stop_timeout_s)

@@ -55,7 +55,10 @@ async def test_batch_lines_run_on_idle_dedicated_capacity_at_the_lowest_band(
     report = batch.model_extra["routegate"] if batch.model_extra else {}
     assert report["dedicated"]["lines"] == 6 and report["shared"]["lines"] == 0
     assert len(local.received) == 6 and not cloud.received
-    assert {r.headers.get("x-routegate-priority") for r in local.received} == {"2"}
+    assert {r.headers.get("x-routegate-priority") for r in local.received} == {"3"}  # batch
+    # one key per line, the same whichever replica sends it (docs/batches.md)
+    assert sorted(r.headers["Idempotency-Key"] for r in local.received) == sorted(
+        f"{batch.id}/{n}" for n in range(6))
     # the saving: what the same tokens would have cost on the cheapest shared target
     assert report["all_shared_cost_micros"] > 0
     assert report["saving_micros"] == report["all_shared_cost_micros"] - report["cost_micros"]

@@ -41,6 +41,9 @@ async def test_a_batch_too_big_for_the_local_backend_spills_and_still_completes_
     assert report["dedicated"]["lines"] + report["shared"]["lines"] == 80
     # spilled lines went to the batch-priced model, not the interactive one
     assert {r.json["model"] for r in cloud.received} == {"gpt-4o-mini-batch"}
+    # a line's Idempotency-Key goes to the dedicated backend only: a shared API has none
+    assert all("Idempotency-Key" in r.headers for r in local.received)
+    assert not any("Idempotency-Key" in r.headers for r in cloud.received)
     assert report["cost_micros"] > 0 and report["all_shared_cost_micros"] > 0
 
 

@@ -160,3 +160,29 @@ def test_explain_accepts_the_anonymous_tenant_by_name(tmp_path: Path) -> None:
     assert explain_file(str(EXAMPLES / "local-first-spillover.yaml"), str(request),
                         tenant="anonymous", environ=KEYS, out=out) == 0
     assert "tenant 'anonymous'" in out.getvalue()
+
+
+@pytest.mark.parametrize(("backend", "says"), [
+    ({"launch": {"model": "demo", "replicas": 3}}, "3 launched replicas, pick prefix:"),
+    ({"urls": ["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"], "pick": "round_robin"},
+     "2 listed replicas, pick round_robin:"),
+    ({"url": "http://vllm.ns.svc:8000/v1", "resolve": "all",
+      "fleet": {"prefix": {"precise": True}}},
+     "every address of http://vllm.ns.svc:8000/v1 (resolve: all), pick prefix (precise):"),
+])
+def test_explain_says_how_a_fleet_target_picks_its_replica(
+        tmp_path: Path, backend: dict[str, object], says: str) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(json.dumps({
+        "version": 1,
+        "backends": {"local": {"type": "openai", "deployment": "dedicated",
+                               "models": {"demo": {}}, **backend}},
+        "routes": {"chat": {"targets": ["local/demo"]}}}))
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "chat",
+                                   "messages": [{"role": "user", "content": "hi"}]}))
+    out = io.StringIO()
+    assert explain_file(str(policy), str(request), out=out) == 0
+    lines = out.getvalue().splitlines()
+    at = next(i for i, line in enumerate(lines) if "primary  local/demo" in line)
+    assert says in lines[at + 1] and "not simulated offline" in lines[at + 1]

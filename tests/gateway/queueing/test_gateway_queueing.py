@@ -166,7 +166,7 @@ async def test_admin_can_read_every_queue(
         queues = await r.json()
     assert queues["local"]["limit"] == 4
     assert queues["local"]["counters"]["admitted_at_once"] == 1
-    assert set(queues["local"]["waiting_by_priority"]) == {"high", "normal", "low"}
+    assert set(queues["local"]["waiting_by_priority"]) == {"high", "normal", "low", "batch"}
 
 
 async def test_queue_wait_is_a_histogram_per_backend_and_priority(

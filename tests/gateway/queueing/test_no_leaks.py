@@ -10,7 +10,7 @@ from gateway.queueing import BackendQueues, ShedPolicy
 from tests.gateway.queueing.harness import Harness, ManualClock, settle
 
 arrive = st.tuples(st.just("arrive"), st.sampled_from(["acme", "globex", "initech"]),
-                   st.sampled_from(["high", "normal", "low"]),
+                   st.sampled_from(["high", "normal", "low", "batch"]),
                    st.none() | st.floats(0.1, 20.0))
 finish = st.tuples(st.just("finish"), st.integers(0, 3))
 cancel = st.tuples(st.just("cancel"), st.integers(0, 3))

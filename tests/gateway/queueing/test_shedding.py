@@ -40,7 +40,7 @@ async def test_higher_priority_arrival_evicts_the_newest_low_waiter_when_full(
     assert isinstance(h.failed["low-new"], Evicted)
     assert "low-old" not in h.failed
     snapshot = h.queues.snapshot("local")
-    assert snapshot.waiting_by_priority == {"high": 1, "normal": 2, "low": 1}
+    assert snapshot.waiting_by_priority == {"high": 1, "normal": 2, "low": 1, "batch": 0}
     assert snapshot.counters.evicted == 1
 
 

@@ -32,15 +32,15 @@ class LocalReplica:
             await self.process.wait()
 
 
-StartReplicas = Callable[[int], Awaitable[list[LocalReplica]]]
+StartReplicas = Callable[..., Awaitable[list[LocalReplica]]]  # (count, *local_backend args)
 
 
-async def _start(tmp_path: Path) -> LocalReplica:
+async def _start(tmp_path: Path, *args: str) -> LocalReplica:
     port = free_port()
     env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(tmp_path)}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "local_backend", "--model", "demo", "--host", "127.0.0.1",
-        "--port", str(port), "--threads", "1", cwd=ROOT, env=env,
+        "--port", str(port), "--threads", "1", *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     async with asyncio.timeout(60), aiohttp.ClientSession() as session:
         while True:
@@ -59,8 +59,8 @@ async def _start(tmp_path: Path) -> LocalReplica:
 async def start_replicas(tmp_path: Path) -> AsyncIterator[StartReplicas]:
     started: list[LocalReplica] = []
 
-    async def start(count: int) -> list[LocalReplica]:
-        replicas = await asyncio.gather(*(_start(tmp_path) for _ in range(count)))
+    async def start(count: int, *args: str) -> list[LocalReplica]:
+        replicas = await asyncio.gather(*(_start(tmp_path, *args) for _ in range(count)))
         started.extend(replicas)
         return list(replicas)
 

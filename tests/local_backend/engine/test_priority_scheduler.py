@@ -86,6 +86,28 @@ def test_a_better_band_preempts_the_worst_running_when_the_batch_is_full() -> No
     assert running[2].status is Status.WAITING and running[2].block_table == []
 
 
+def test_a_batch_line_is_preempted_before_a_low_sequence_however_old_it_is() -> None:
+    # band 3: the gateway's `batch` band (the Batch API's lines), below tenants' `low` (2)
+    s = scheduler(seqs=2)
+    batch_line = seq("batch-line", band=3, deadline=5.0, arrival=0.0)
+    low = seq("low", band=2, arrival=0.5)
+    for sq in (batch_line, low):
+        s.add(sq)
+    step(s, 1.0)
+    s.add(seq("normal", band=1, arrival=2.0))
+    batch = step(s, 2.0)
+    assert names(batch.preempted) == ["batch-line"]
+    assert low.status is Status.RUNNING and s.bands[3].preemptions == 1
+    assert 2 not in s.bands or s.bands[2].preemptions == 0
+
+
+def test_a_low_sequence_is_admitted_before_an_earlier_batch_line() -> None:
+    s = scheduler(seqs=1)
+    s.add(seq("batch-line", band=3, arrival=0.0))
+    s.add(seq("low", band=2, arrival=0.5))
+    assert names(step(s, 1.0).seqs) == ["low"]
+
+
 def test_a_better_band_preempts_when_blocks_are_short() -> None:
     # 20 blocks of 4 tokens, watermark 1: two 32-token prompts fill 16; a third needs 8.
     s = scheduler(seqs=8, blocks=20)
