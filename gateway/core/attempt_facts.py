@@ -173,11 +173,11 @@ class Attempt:
         """The attempt failed (`reason`: its kind's metric reason). The span keeps the
         statement only: what follows ": " is an exception's own text, which may quote
         what the backend sent."""
-        attempt = self.entry
-        attempt.error, attempt.failure = statement, reason
-        attempt.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
+        entry = self.entry
+        entry.error, entry.failure = statement, reason
+        entry.error_type = statement.partition(": ")[0][:ERROR_TEXT_CHARS]
         if status is not None:
-            attempt.status = status
+            entry.status = status
         self.end()
 
     def broke(self, reason: str) -> None:
@@ -186,10 +186,10 @@ class Attempt:
         self.entry.failure = reason
 
     def end(self) -> None:
-        attempt = self.entry
-        if attempt.ended:
+        entry = self.entry
+        if entry.ended:
             return
-        attempt.ended = True
-        attempt.end_ns = time_ns()
+        entry.ended = True
+        entry.end_ns = time_ns()
         self._timings.upstream_ended()
         self._in_flight.dec()
