@@ -123,10 +123,10 @@ class ResponseCache:
         record.status = 200
         if not record.stream:
             return WholeResponse(status=200, body=completion, headers={
-                "Content-Type": "application/json", "X-Request-Id": ctx.request_id,
+                "Content-Type": "application/json", "X-Request-Id": ctx.record.request_id,
                 **ctx.response_headers})
         client = web.StreamResponse(status=200, headers={
-            **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
+            **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.record.request_id,
             "Server-Timing": ctx.timing.server_timing()})
         await client.prepare(ctx.request)
         ctx.bytes_sent = True

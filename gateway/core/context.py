@@ -79,7 +79,6 @@ class RequestContext:
     endpoint: Endpoint
     policy: Policy  # the policy this request started under; a reload does not change it
     timing: RequestTimings
-    request_id: str
     record: RequestRecord  # what this request did, for every report on it
     # who is asking (the anonymous tenant included): authentication is the first step,
     # so every plug-in runs after it has replaced UNAUTHENTICATED

@@ -125,7 +125,7 @@ class KeyAdmission:
         budget = BudgetLimits(record.budget_day_micros, record.budget_month_micros)
         try:
             decision = await self.limiter.store.admit(
-                limit_tenant(record.id), scopes, tokens, budget, now, ctx.request_id)
+                limit_tenant(record.id), scopes, tokens, budget, now, ctx.record.request_id)
         except StoreUnavailable as exc:
             raise LimitStoreUnavailable(
                 "Rate limits cannot be checked right now (the limit store is unavailable); "

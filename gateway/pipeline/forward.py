@@ -157,7 +157,7 @@ class Forwarding:
                 attempt.failed(failure.message, failure.status, failure.metric_reason)
                 for observer in self.hooks.observers:
                     observer.attempt_finished(ctx, attempt)
-                log.info("request %s: %s failed (%s)", ctx.request_id, target.key,
+                log.info("request %s: %s failed (%s)", ctx.record.request_id, target.key,
                          escaped(failure.message))  # may quote the backend
                 result = failure
         except BaseException as exc:

@@ -105,7 +105,7 @@ async def relay_body(ctx: RequestContext, attempt: Attempt,
         if usage is not None:
             note_usage(ctx.record, usage)
     headers = {"Content-Type": response.headers.get("Content-Type", "application/json"),
-               "X-Request-Id": ctx.request_id, **ctx.response_headers}
+               "X-Request-Id": ctx.record.request_id, **ctx.response_headers}
     for header in PASSTHROUGH_HEADERS:
         if header in response.headers:
             headers[header] = response.headers[header]
@@ -139,7 +139,7 @@ async def relay_stream(ctx: RequestContext, attempt: Attempt,
             raise MalformedResponse(
                 f"Backend '{name}' closed the stream without sending an event.")
         client = web.StreamResponse(status=200, headers={
-            **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.request_id,
+            **STREAM_HEADERS, **ctx.response_headers, "X-Request-Id": ctx.record.request_id,
             "Server-Timing": ctx.timing.server_timing()})
         await client.prepare(ctx.request)
         write, write_last = stream_writers(client, ctx.endpoint.dialect, ctx.cache_capture)

@@ -152,7 +152,7 @@ class Pipeline(Forwarding):
         ctx.error = exc
         record = ctx.record
         record.status, record.error_code = exc.status, exc.code
-        exc.headers.setdefault("X-Request-Id", ctx.request_id)
+        exc.headers.setdefault("X-Request-Id", ctx.record.request_id)
         for name, value in ctx.response_headers.items():
             exc.headers.setdefault(name, value)
         if not record.attempts:  # refused before any attempt: a limit or a shed?
@@ -203,7 +203,7 @@ class Pipeline(Forwarding):
             headers=request.headers, timings=timing, client=request.remote,
             record_content=policy.file.compliance.record_content)
         return RequestContext(request=request, endpoint=endpoint, policy=policy, timing=timing,
-                              request_id=request_id, record=record)
+                              record=record)
 
     def priority(self, ctx: RequestContext, tenant: str) -> Priority:
         """The band the request queues in, here and in a dedicated backend's engine."""
@@ -239,7 +239,7 @@ class Pipeline(Forwarding):
         options = body.get("stream_options")
         record.client_wants_usage = bool(options and options.get("include_usage") is True)
         headers = ctx.request.headers
-        ctx.upstream_headers["X-Request-Id"] = ctx.request_id
+        ctx.upstream_headers["X-Request-Id"] = ctx.record.request_id
         for name in _TRACE_HEADERS:
             if name in headers:
                 ctx.upstream_headers[name] = headers[name]

@@ -122,7 +122,7 @@ class ShadowPolicy:
             self.different += 1
             self.decisions.labels("different").inc()
             self.samples.append({
-                "at": time.time(), "request_id": ctx.request_id, "route": live.route,
+                "at": time.time(), "request_id": ctx.record.request_id, "route": live.route,
                 "tenant": live.features.tenant, "live": _summary(live),
                 "shadow": _summary(shadow)})
         return live, shadow

@@ -152,7 +152,8 @@ class RoutingHook:
             features.cached_share = self.cached_share(ctx)
         # the draws a route's `spread` picks with (routing has no random source)
         decision = compiled.router.decide(features, stats, monotonic(),
-                                          decision_id=ctx.request_id, draws=(random(), random()))
+                                          decision_id=ctx.record.request_id,
+                                          draws=(random(), random()))
         ctx.decision = decision
         ctx.response_headers[DECISION_HEADER] = decision.decision_id
         if decision.rejection is not None:
