@@ -152,7 +152,7 @@ class Pipeline(Forwarding):
         ctx.error = exc
         record = ctx.record
         record.status, record.error_code = exc.status, exc.code
-        exc.headers.setdefault("X-Request-Id", ctx.record.request_id)
+        exc.headers.setdefault("X-Request-Id", record.request_id)
         for name, value in ctx.response_headers.items():
             exc.headers.setdefault(name, value)
         if not record.attempts:  # refused before any attempt: a limit or a shed?

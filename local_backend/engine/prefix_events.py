@@ -95,10 +95,6 @@ class PrefixEvents:
                                                               start + MAX_EVENTS_PER_READ))]
             return EventPage(self.epoch, after + len(events), events)
 
-    def held(self) -> int:
-        with self._lock:
-            return len(self._needs)
-
     # ---- under the lock ---------------------------------------------------------------
     def _append(self, held: bool, tag: int) -> None:
         self._log.append((held, tag))

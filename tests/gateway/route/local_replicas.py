@@ -31,18 +31,32 @@ class LocalReplica:
             self.process.kill()
             await self.process.wait()
 
+    async def stop(self) -> None:
+        """SIGTERM, and SIGKILL if it has not exited 20 s later."""
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                async with asyncio.timeout(20):
+                    await self.process.wait()
+            except TimeoutError:
+                await self.kill()
+
 
 StartReplicas = Callable[..., Awaitable[list[LocalReplica]]]  # (count, *local_backend args)
 
 
-async def _start(tmp_path: Path, *args: str) -> LocalReplica:
+async def start_local_backend(cache_dir: Path, *args: str,
+                              env: dict[str, str] | None = None) -> LocalReplica:
+    """`python -m local_backend --model demo` on a free port, once `/health` answers;
+    `args` go to its command line, `env` replaces the environment (the cache directory
+    is set either way)."""
     port = free_port()
-    env = {**os.environ, "ROUTEGATE_CACHE_DIR": str(tmp_path)}
+    env = {**(os.environ if env is None else env), "ROUTEGATE_CACHE_DIR": str(cache_dir)}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "local_backend", "--model", "demo", "--host", "127.0.0.1",
         "--port", str(port), "--threads", "1", *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    async with asyncio.timeout(60), aiohttp.ClientSession() as session:
+    async with asyncio.timeout(90), aiohttp.ClientSession() as session:
         while True:
             assert process.returncode is None, "local_backend exited during start-up"
             try:
@@ -60,16 +74,11 @@ async def start_replicas(tmp_path: Path) -> AsyncIterator[StartReplicas]:
     started: list[LocalReplica] = []
 
     async def start(count: int, *args: str) -> list[LocalReplica]:
-        replicas = await asyncio.gather(*(_start(tmp_path, *args) for _ in range(count)))
+        replicas = await asyncio.gather(*(start_local_backend(tmp_path, *args)
+                                          for _ in range(count)))
         started.extend(replicas)
         return list(replicas)
 
     yield start
     for replica in started:
-        if replica.process.returncode is None:
-            replica.process.terminate()
-            try:
-                async with asyncio.timeout(20):
-                    await replica.process.wait()
-            except TimeoutError:
-                await replica.kill()
+        await replica.stop()

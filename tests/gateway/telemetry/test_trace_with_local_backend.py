@@ -7,9 +7,7 @@ receiver as the gateway; the receiver must end up with one trace holding both.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -17,11 +15,10 @@ import aiohttp
 import pytest
 
 from gateway.core.inference_time import parse_server_timing
+from tests.gateway.route.local_replicas import start_local_backend
 from tests.gateway.telemetry.conftest import StartTraced
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[3]
 ENGINE_SPANS = ("engine.queue", "engine.prefill", "engine.decode")
 pytestmark = pytest.mark.slow
 
@@ -32,36 +29,14 @@ async def local_backend(
 ) -> AsyncIterator[str]:
     """`python -m local_backend --model demo` exporting spans to the receiver; its /v1 URL."""
     _, otlp_url = otlp_receiver
-    port = free_port()
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
-           "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "routegate-local-backend",
-           "ROUTEGATE_CACHE_DIR": str(tmp_path)}
+           "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "routegate-local-backend"}
     env.pop("OTEL_TRACES_EXPORTER", None)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "local_backend", "--model", "demo", "--host", "127.0.0.1",
-        "--port", str(port), "--threads", "1", cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    backend = await start_local_backend(tmp_path, env=env)
     try:
-        async with asyncio.timeout(90), aiohttp.ClientSession() as session:
-            while True:
-                assert process.returncode is None, "local_backend exited during start-up"
-                try:
-                    async with session.get(f"http://127.0.0.1:{port}/health") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield backend.url
     finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                async with asyncio.timeout(20):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await backend.stop()
 
 
 def local_policy(url: str) -> dict:
