@@ -29,6 +29,7 @@ from tests.chaos import clients
 from tests.chaos.upstream import FRAMING_FAULTS, ChaosUpstream
 from tests.delay_proxy import DelayProxy
 from tests.ports import free_port
+from tests.procfs import children_of
 from tests.redis_server import RedisServer
 
 FAULTS = ("healthy", "reset_before_headers", "reset_after_headers", "reset_mid_stream",
@@ -98,9 +99,7 @@ class Gateway:
 
     def children(self) -> list[int]:
         """The pids of the processes the gateway launched (local backends)."""
-        pid = self.process.pid
-        return [int(child) for task in os.listdir(f"/proc/{pid}/task")
-                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        return sorted(children_of(self.process.pid))
 
     def fds(self) -> int:
         """Open file descriptors, less connections to `pooled_ports`."""

@@ -25,17 +25,11 @@ from policies.load import load
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
+from tests.procfs import children_of
 
 CHILD = str(Path(__file__).parents[1] / "fakes" / "child_backend.py")
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 EXPORTER = "gateway.telemetry.tracing.export_process"
-
-
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.update(int(child) for child in (task / "children").read_text().split())
-    return found
 
 
 def command_of(pid: int) -> list[str]:
