@@ -22,7 +22,11 @@ from local_backend.engine.capacity import (
     kv_blocks,
 )
 from local_backend.engine.loop import Engine, EngineConfig
-from local_backend.engine.priority import DEFAULT_AGING_S
+from local_backend.engine.priority import (
+    DEFAULT_AGING_S,
+    DEFAULT_BACKGROUND_BAND,
+    DEFAULT_BACKGROUND_STEP_TOKENS,
+)
 from local_backend.engine.runner import ModelRunner
 from local_backend.model.config import ModelLoadError
 from local_backend.model.cpu_weights import CPU_WEIGHTS, CpuWeights
@@ -37,6 +41,18 @@ from local_backend.server.runner import serve
 from local_backend.telemetry import install, tracer_provider_from_env
 
 log = logging.getLogger("local_backend")
+
+
+def _band_or_none(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        band = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a band number or 'none': {text!r}") from None
+    if band < 0:
+        raise argparse.ArgumentTypeError(f"a band is 0 or more, not {band}")
+    return band
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -56,6 +72,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "for better ones; or by arrival alone")
     p.add_argument("--priority-aging-s", type=float, default=DEFAULT_AGING_S, help=(
         "seconds a request waits in its band before it rises one (low never starves)"))
+    p.add_argument("--background-band", type=_band_or_none, default=DEFAULT_BACKGROUND_BAND,
+                   help="bands from this one down (the gateway's batch lines: 3) run only in "
+                   "steps no better band wants, paused while one does; 'none': no band is "
+                   "(default %(default)s)")
+    p.add_argument("--background-step-tokens", type=int, default=DEFAULT_BACKGROUND_STEP_TOKENS,
+                   help="tokens a step of background work alone computes at most, so a "
+                   "request arriving meanwhile waits for a short step (default %(default)s)")
     p.add_argument("--idempotency-ttl-s", type=float, default=DEFAULT_TTL_S, help=(
         "seconds a finished answer is kept for a request sent again with its Idempotency-Key"))
     p.add_argument("--idempotency-max-answers", type=int, default=DEFAULT_MAX_ANSWERS, help=(
@@ -70,6 +93,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.priority_aging_s > 0:
         p.error("--priority-aging-s must be a positive number of seconds")
+    if args.background_step_tokens < 1:
+        p.error("--background-step-tokens must be at least 1")
     if not args.idempotency_ttl_s > 0 or args.idempotency_max_answers < 0:
         p.error("--idempotency-ttl-s must be positive and --idempotency-max-answers >= 0")
     return args
@@ -110,6 +135,8 @@ def build_engine(
         max_num_batched_tokens=defaults.max_num_batched_tokens,
         max_model_len=model.config.max_position_embeddings,
         scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s,
+        background_band=args.background_band,
+        background_step_tokens=args.background_step_tokens,
     )
     engine = Engine(model, tokenizer, config, eos_token_ids=checkpoint.generation.eos_token_ids)
     return engine, checkpoint, num_blocks

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from local_backend.engine.priority import DEFAULT_AGING_S, BandStats, SchedulingMode
+from local_backend.engine.priority import (
+    DEFAULT_AGING_S,
+    DEFAULT_BACKGROUND_BAND,
+    DEFAULT_BACKGROUND_STEP_TOKENS,
+    BandStats,
+    SchedulingMode,
+)
 from local_backend.engine.runner import Backend
 from local_backend.engine.sampler import TokenLogprob
 from local_backend.engine.sequence import Timings
@@ -30,6 +36,9 @@ class EngineConfig:
     prefix_caching: bool = True
     scheduling_policy: SchedulingMode = "priority"  # or "fcfs": arrival order alone
     priority_aging_s: float = DEFAULT_AGING_S  # a wait this long raises a request one band
+    # bands from this one down run only in steps no better band wants (None: none do)
+    background_band: int | None = DEFAULT_BACKGROUND_BAND
+    background_step_tokens: int = DEFAULT_BACKGROUND_STEP_TOKENS  # a background step's tokens
     attention: Backend = "sdpa"  # the runner's attention (engine/runner.py)
     cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA and sdpa only)
 

@@ -66,7 +66,8 @@ class Engine:
             self.blocks,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            policy=SchedulingPolicy(config.scheduling_policy, config.priority_aging_s),
+            policy=SchedulingPolicy(config.scheduling_policy, config.priority_aging_s,
+                                    config.background_band, config.background_step_tokens),
         )
         self.runner = ModelRunner(
             model, num_blocks=config.num_blocks, block_size=config.block_size,
@@ -243,7 +244,8 @@ class Engine:
             self._append(seq, token, lp, t)
             for seq, token, lp in zip(chosen, tokens, logprobs, strict=True)
         ]
-        self.scheduler.pace.stepped(t - now)
+        if not batch.background:  # the pace of interactive work, which deadlines need
+            self.scheduler.pace.stepped(t - now)
         self._flush(outputs)
         self._forget_finished()
 

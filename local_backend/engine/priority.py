@@ -6,6 +6,12 @@ A request carries a priority band (an integer, lower runs first, as vLLM's
 sequence waiting longer than `aging_s` in its band rises one band, so a low band is
 slowed by higher ones but never starved. Under `fcfs` they are taken by arrival alone
 (the band is still counted in the metrics).
+
+Bands from `background_band` down are background (the gateway sends its batch lines
+there): under the priority policy a step holds either a better band's work or
+background work, never both, and a background step is kept short. A running
+background sequence is paused, its blocks kept, while better work runs; paused for
+`aging_s` it rises one band like a waiting one, so it too is never starved.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from local_backend.engine.sequence import Sequence
 SchedulingMode = Literal["priority", "fcfs"]
 TOP_BAND = 0  # aging raises a sequence no higher than this
 DEFAULT_AGING_S = 10.0
+# The gateway's `batch` band: work that runs only in steps nothing better wants.
+DEFAULT_BACKGROUND_BAND = 3
+# A step of background work alone computes at most this many tokens, so a request of a
+# better band that arrives during it waits for a short step, not a long prefill.
+DEFAULT_BACKGROUND_STEP_TOKENS = 32
 
 SortKey = tuple[float, ...]
 
@@ -28,10 +39,19 @@ SortKey = tuple[float, ...]
 class SchedulingPolicy:
     mode: SchedulingMode = "priority"
     aging_s: float = DEFAULT_AGING_S  # waiting this long in a band raises a sequence one band
+    # Bands from this one down (numerically at or above it) are background: under the
+    # priority policy they never share a step with a better band's work (None: no band is)
+    background_band: int | None = DEFAULT_BACKGROUND_BAND
+    background_step_tokens: int = DEFAULT_BACKGROUND_STEP_TOKENS
 
     @property
     def by_priority(self) -> bool:
         return self.mode == "priority"
+
+    @property
+    def background_from(self) -> int | None:
+        """The first background band, or None when no band is (always so under fcfs)."""
+        return self.background_band if self.by_priority else None
 
     @property
     def key(self) -> Callable[[Sequence], SortKey]:

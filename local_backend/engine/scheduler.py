@@ -9,6 +9,11 @@ sequence cannot get a block, and, under the priority policy, when a waiting
 sequence of a better band finds the batch full or the blocks short, the last
 running one is preempted (its blocks freed, its prefix-cache blocks left cached,
 recomputed later), never one of a better band for a worse one.
+
+Background bands (priority.py) fill idle steps only: while a better band's sequence
+runs or waits, running background sequences are left out of the step (paused, their
+blocks kept); when none does, a step of background work alone runs, its tokens capped
+so that a better request arriving meanwhile waits for a short step.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Batch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens computed this step, per sequence
     preempted: list[Sequence] = field(default_factory=list)
+    background: bool = False  # a step of background work alone (shortened, not paced)
 
     def add(self, seq: Sequence, n: int) -> None:
         self.seqs.append(seq)
@@ -112,9 +118,22 @@ class Scheduler:
         if self.policy.by_priority and self.waiting and self.running:
             self._displace(batch, now)  # the displaced go back to their places in the queue
         budget = self.max_num_batched_tokens
+        stepped, admit_below = len(self.running), math.inf
+        background = self.policy.background_from
+        if background is not None:
+            stepped = bisect.bisect_left(self.running, background, key=_band_of)
+            if stepped or (self.waiting and self.waiting[0].band < background):
+                admit_below = background
+                self._pause(self.running[stepped:], now)
+            else:
+                stepped = len(self.running)
+                budget = min(budget, self.policy.background_step_tokens)
+                batch.background = True
+                for seq in self.running:
+                    seq.band_since = now  # a pause is timed from the last background step
         short = False
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < min(stepped, len(self.running)) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
             while not self.blocks.append(seq, n):
@@ -131,6 +150,8 @@ class Scheduler:
             return batch  # memory is short: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.band >= admit_below:
+                break  # background waits while better work runs
             first_time = seq.timings.first_scheduled is None
             if not self.blocks.allocate(seq):
                 break
@@ -147,6 +168,12 @@ class Scheduler:
             batch.add(seq, n)
             budget -= n
         return batch
+
+    def _pause(self, paused: list[Sequence], now: float) -> None:
+        """Background sequences left out of this step: one paused for `aging_s` since the
+        last background step (`band_since`) rises a band, and from the next step on runs
+        with better work."""
+        age(paused, now, self.policy.aging_s)
 
     def _order_waiting(self, now: float) -> None:
         """Raise the sequences that waited long enough; re-sort only if one rose."""
@@ -208,3 +235,7 @@ class Scheduler:
         self.blocks.release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+
+
+def _band_of(seq: Sequence) -> int:
+    return seq.band

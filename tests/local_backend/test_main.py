@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from local_backend.__main__ import main
+from local_backend.__main__ import main, parse_args
 from local_backend.telemetry import tracer_provider_from_env
+from policies.bands import PRIORITY_BANDS
 from tests.ports import free_port
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -112,3 +113,22 @@ def test_a_priority_aging_bound_must_be_positive(
         main(["--model", "demo", "--priority-aging-s", aging])
     assert exited.value.code == 2
     assert "--priority-aging-s must be a positive number of seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--background-band", "-1"], "a band is 0 or more, not -1"),
+    (["--background-band", "batch"], "not a band number or 'none': 'batch'"),
+    (["--background-step-tokens", "0"], "--background-step-tokens must be at least 1"),
+])
+def test_a_bad_background_setting_is_refused_naming_it(
+        flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "demo", *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_background_band_is_the_gateways_batch_band_unless_named() -> None:
+    assert parse_args(["--model", "demo"]).background_band == PRIORITY_BANDS["batch"]
+    assert parse_args(["--model", "demo", "--background-band", "none"]).background_band is None
+    assert parse_args(["--model", "demo", "--background-band", "2"]).background_band == 2

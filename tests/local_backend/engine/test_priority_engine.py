@@ -19,7 +19,7 @@ from local_backend.tokenizer import Tokenizer
 from tests.local_backend import reference
 from tests.local_backend.engine.test_greedy_matches_reference import prompt
 
-HIGH, LOW = 0, 2
+HIGH, LOW, BATCH = 0, 2, 3  # BATCH: the gateway's batch band, background by default
 LONG = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 SHORT = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -118,3 +118,45 @@ async def test_under_fcfs_a_high_band_request_waits_its_turn(tiny_dir: Path) -> 
     first_low_done = min(t.finished or 0.0 for t in timings[:2] if t is not None)
     high = timings[2]
     assert high is not None and (high.first_scheduled or 0.0) >= first_low_done
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_a_batch_line_pauses_while_a_better_request_runs_and_writes_its_greedy_tokens(
+        device: str, tiny_dir: Path, tiny_state: dict[str, torch.Tensor],
+        tiny_config: LlamaConfig,
+) -> None:
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    model = load_model(tiny_dir, device=device, dtype=dtype, progress=None)
+    # background steps of 8 tokens: the line's 14-token prompt is prefilled in two
+    config = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4,
+                          background_step_tokens=8)
+    engine = Engine(model, Tokenizer.from_dir(tiny_dir), config, eos_token_ids=())
+    engine.start()
+    try:
+        line_ids = prompt(70, 14)
+        line = engine.add_request("line", line_ids, LONG, priority=BATCH)
+        line_times: list[float] = []
+        first = await line.get()
+        line_times.append(first.time)
+        high = engine.add_request("high", prompt(71, 9), SHORT, priority=HIGH)
+        tokens, final = list(first.token_ids), first
+        while not final.finished:
+            final = await line.get()
+            tokens += final.token_ids
+            line_times.append(final.time)
+        _, high_final = await collect(high)
+        alone = None if device == "cpu" else await collect(
+            engine.add_request("alone", line_ids, LONG, priority=BATCH))
+    finally:
+        engine.stop()
+    assert final.preemptions == 0  # paused, its blocks kept: nothing recomputed
+    timings = high_final.timings
+    assert timings is not None and timings.first_scheduled is not None
+    assert timings.finished is not None
+    # no step wrote a token for the line while the better request was in the engine
+    assert not [t for t in line_times if timings.first_scheduled < t < timings.finished]
+    assert any(t > timings.finished for t in line_times)
+    if alone is None:
+        assert tokens == reference.greedy(tiny_state, tiny_config, line_ids, LONG.max_tokens)
+    else:
+        assert tokens == alone[0]

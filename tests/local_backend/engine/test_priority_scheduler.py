@@ -15,6 +15,8 @@ from local_backend.engine.priority import SchedulingPolicy
 from local_backend.engine.scheduler import Batch, Scheduler
 from local_backend.engine.sequence import Sequence, Status, Timings
 
+BATCH = 3  # the gateway's batch band, background by default
+
 
 def seq(name: str, *, band: int = 1, deadline: float | None = None, arrival: float = 0.0,
         prompt: int = 4, max_tokens: int = 16) -> Sequence:
@@ -90,9 +92,10 @@ def test_a_batch_line_is_preempted_before_a_low_sequence_however_old_it_is() -> 
     # band 3: the gateway's `batch` band (the Batch API's lines), below tenants' `low` (2)
     s = scheduler(seqs=2)
     batch_line = seq("batch-line", band=3, deadline=5.0, arrival=0.0)
+    s.add(batch_line)
+    step(s, 0.5)
     low = seq("low", band=2, arrival=0.5)
-    for sq in (batch_line, low):
-        s.add(sq)
+    s.add(low)
     step(s, 1.0)
     s.add(seq("normal", band=1, arrival=2.0))
     batch = step(s, 2.0)
@@ -244,6 +247,8 @@ def test_preemption_never_takes_a_better_band_for_a_worse_and_everyone_finishes(
             s.add(pending.pop(0))
         before = {sq.request_id: sq.band for sq in s.waiting}
         batch = step(s, now)
+        # background work (band 3) never shares a step with a better band's
+        assert len({sq.band >= BATCH for sq in batch.seqs}) <= 1
         for victim in batch.preempted:  # whoever displaced it was of a better band
             admitted = [sq for sq in batch.seqs if before.get(sq.request_id) is not None]
             assert all(before[sq.request_id] <= victim.band for sq in admitted)
@@ -287,3 +292,68 @@ def test_a_displaced_sequence_goes_back_ahead_of_worse_bands_in_the_same_step() 
     s.add(seq("worst", band=3, arrival=1.0))
     step(s, 1.0)
     assert names(s.waiting) == ["low", "worst"]
+
+
+def test_background_work_is_admitted_only_when_nothing_better_runs_or_waits() -> None:
+    s = scheduler()
+    s.add(seq("normal", band=1))
+    s.add(seq("batch-line", band=BATCH))
+    assert names(step(s, 0.0).seqs) == ["normal"]
+    s.finish(s.running[0], "stop")
+    batch = step(s, 1.0)
+    assert names(batch.seqs) == ["batch-line"] and batch.background
+
+
+def test_a_running_background_sequence_pauses_while_better_work_runs_and_keeps_its_blocks(
+) -> None:
+    s = scheduler()
+    line = seq("batch-line", band=BATCH)
+    s.add(line)
+    step(s, 0.0)
+    blocks = list(line.block_table)
+    s.add(seq("low", band=2, arrival=1.0))
+    for t in (1.0, 1.1, 1.2):
+        batch = step(s, t)
+        assert names(batch.seqs) == ["low"] and not batch.background
+    assert line.status is Status.RUNNING and line.block_table == blocks
+    assert batch.preempted == []
+    s.finish(s.running[0], "stop")
+    assert names(step(s, 1.3).seqs) == ["batch-line"]
+
+
+def test_a_step_of_background_work_alone_computes_at_most_its_token_cap() -> None:
+    manager = BlockManager(200, 4, prefix_caching=False)
+    policy = SchedulingPolicy("priority", 10.0, background_step_tokens=8)
+    s = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=64, policy=policy)
+    line = seq("batch-line", band=BATCH, prompt=20)
+    s.add(line)
+    assert [step(s, float(t)).num_new for t in range(3)] == [[8], [8], [4]]
+    assert line.output_ids == [7]  # prefilled in three short steps, then its first token
+    s.add(seq("normal", band=1, prompt=20, arrival=3.0))
+    assert step(s, 3.0).num_new == [20]  # better work takes the step's whole budget
+
+
+def test_a_background_sequence_paused_for_the_aging_period_rises_and_runs_with_better_work(
+) -> None:
+    s = scheduler(aging_s=10.0)
+    line = seq("batch-line", band=BATCH)
+    s.add(line)
+    step(s, 0.0)
+    s.add(seq("low", band=2, arrival=0.5, max_tokens=1000))
+    assert names(step(s, 5.0).seqs) == ["low"]  # paused 5 s since its last step
+    assert names(step(s, 9.9).seqs) == ["low"]
+    step(s, 10.0)  # paused 10 s: it rises to band 2 ...
+    assert line.band == 2
+    assert sorted(names(step(s, 10.1).seqs)) == ["batch-line", "low"]  # ... and shares steps
+
+
+def test_no_band_is_background_under_fcfs_or_when_the_policy_names_none() -> None:
+    for policy in (SchedulingPolicy("fcfs"), SchedulingPolicy("priority", background_band=None)):
+        s = Scheduler(BlockManager(200, 4, prefix_caching=False), max_num_seqs=8,
+                      max_num_batched_tokens=64, policy=policy)
+        s.add(seq("batch-line", band=BATCH))
+        step(s, 0.0)
+        s.add(seq("normal", band=1, arrival=1.0))
+        batch = step(s, 1.0)
+        assert sorted(names(batch.seqs)) == ["batch-line", "normal"] and not batch.background
+
