@@ -187,6 +187,23 @@ async def engine_metrics(session: aiohttp.ClientSession, local_url: str) -> dict
     return out
 
 
+async def gateway_queue(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:
+    """The gateway's queue waits for the dedicated backend, summed by priority
+    (`{priority}_count`, `{priority}_sum`)."""
+    async with session.get(base_url.removesuffix("/v1") + "/metrics") as response:
+        text = await response.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "routegate_queue_wait_seconds":
+            continue
+        for sample in family.samples:
+            kind = sample.name.rsplit("_", 1)[1]
+            if kind in ("count", "sum") and sample.labels.get("backend") == "local":
+                key = f"{sample.labels['priority']}_{kind}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 async def sample_running(local_url: str, stop: asyncio.Event) -> list[float]:
     running: list[float] = []
     async with aiohttp.ClientSession() as session:
@@ -272,6 +289,7 @@ async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
         client = openai.AsyncOpenAI(base_url=base_url, api_key="anonymous", max_retries=0)
         async with aiohttp.ClientSession() as session:
             before = await engine_metrics(session, local_url)
+            queue_before = await gateway_queue(session, base_url)
         started = time.perf_counter()
         batch_id = await submit_batch(client, args.lines, args.window) if with_batch else None
         cpu_before, stop = cpu_s(gateway.pid), asyncio.Event()
@@ -281,6 +299,7 @@ async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
         running = await sampler
         async with aiohttp.ClientSession() as session:
             after = await engine_metrics(session, local_url)
+            queue_after = await gateway_queue(session, base_url)
         result: dict[str, Any] = {
             "rate": rate, "requests": len(ttfts),
             "gateway_cpu": (cpu_s(gateway.pid) - cpu_before) / (time.perf_counter() - started),
@@ -288,7 +307,9 @@ async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
             "ttft_p95_ms": percentile(ttfts, 0.95) * 1000,
             "busy_share": statistics.fmean(running) / SLOTS,
             "any_running": sum(r > 0 for r in running) / len(running),
-            "engine": {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}}
+            "engine": {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after},
+            "gateway_queue": {key: value - queue_before.get(key, 0.0)
+                              for key, value in queue_after.items()}}
         if batch_id is not None:
             while True:  # polled, as a client of the Batch API does
                 batch = await client.batches.retrieve(batch_id)
@@ -323,6 +344,17 @@ def by_band(engine: dict[str, float]) -> str:
     return "; ".join(parts) or "none"
 
 
+def queued(waits: dict[str, float]) -> str:
+    """Mean wait for a gateway slot per priority, during the trace."""
+    parts = []
+    for priority in sorted({key.rsplit("_", 1)[0] for key in waits}):
+        count = waits.get(f"{priority}_count", 0.0)
+        if count:
+            parts.append(f"{priority}: {count:.0f} requests, mean wait "
+                         f"{waits.get(f'{priority}_sum', 0.0) / count * 1000:.1f} ms")
+    return "; ".join(parts) or "none"
+
+
 def report(alone: dict[str, Any], both: dict[str, Any], window: str) -> None:
     for name, figures in (("trace alone", alone), ("trace + batch", both)):
         print(f"{name:14s} interactive TTFT p50 {figures['ttft_p50_ms']:.1f} ms, "
@@ -331,6 +363,7 @@ def report(alone: dict[str, Any], both: dict[str, Any], window: str) -> None:
               f"running {figures['any_running']:.0%} of the time); gateway CPU "
               f"{figures['gateway_cpu']:.0%} of a core")
         print(f"{'':14s} engine during the trace: {by_band(figures['engine'])}")
+        print(f"{'':14s} gateway queue for the engine: {queued(figures['gateway_queue'])}")
     print(f"p95 TTFT with the batch / without: "
           f"{both['ttft_p95_ms'] / alone['ttft_p95_ms']:.2f}× (claim: ≤ 1.10×)")
     print(f"engine busy share before / after the batch: {alone['busy_share']:.0%} / "
