@@ -46,6 +46,13 @@ class Batches(FileModel):
     spare_queue_use: float = Field(0.5, ge=0, le=1)
     """A dedicated backend takes a batch line only while its gateway queue holds no
     waiter and its slots in use are below this share of `max_concurrency`."""
+    background_slots: bool = True
+    """A batch line on a dedicated backend whose scheduler hears the band (`priority:
+    header` to a local_backend, or `vllm`) holds a background slot: it counts against
+    `spare_queue_use` and other batch lines, never against an interactive request, which
+    the backend runs first. Off (or `priority: none`): it holds one of `max_concurrency`'s
+    slots like any request. A backend that ignores the band it is sent should say
+    `priority: none`."""
     spare_kv_use: float = Field(0.8, ge=0, le=1)
     """A dedicated backend takes a batch line only while the KV-cache use it reports (its
     /metrics) is below this share, and it reports no request waiting."""

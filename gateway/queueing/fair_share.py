@@ -37,6 +37,7 @@ class Waiter:
     future: asyncio.Future[float]
     timer: TimerHandle | None = None
     queued: bool = True
+    background: bool = False  # granted a background slot (SlotQueue.background)
 
 
 @dataclass(slots=True)

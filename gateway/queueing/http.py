@@ -1,6 +1,7 @@
 """The queues in the app: the pipeline's slot hook, policy reloads, `GET /admin/queues`.
 
-    GET /admin/queues   per queue: limit, in flight, waiting by priority, mean hold
+    GET /admin/queues   per queue: limit, in flight (of which background), waiting by
+                        priority, mean hold
                         time, predicted wait by priority, counters (admin key)
 """
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from gateway.queueing.clock import Clock, MonotonicClock
 from gateway.queueing.shedding import ShedPolicy
 from gateway.queueing.slots import Acquisition, QueueCounters, SlotQueue
-from policies.bands import PRIORITIES, Priority
+from policies.backend_schema import Backend
+from policies.bands import BATCH_BAND, PRIORITIES, Priority
 from policies.load import ModelTarget, Policy
 
 DEFAULT_SERVICE_S = 1.0  # slot hold time assumed before any request has finished
@@ -30,6 +31,7 @@ class QueueSnapshot:
     key: str
     limit: int | None
     in_flight: int
+    background_in_flight: int  # of in_flight: slots held in the background band
     waiting: int
     waiting_by_priority: Mapping[Priority, int]
     mean_service_s: float
@@ -81,6 +83,9 @@ class BackendQueues:
             models = [t for t in policy.targets.values() if t.backend_name == name]
             prior = _service_prior_s(models[0]) if models else self._default_service_s
             self.set_limit(name, backend.max_concurrency, service_prior_s=prior)
+            background = _background_band(policy, backend)
+            for key in (name, *(t.key for t in models if t.key in model_keys)):
+                self.set_background(key, background)
 
     def set_limit(self, key: str, limit: int | None, *,
                   service_prior_s: float | None = None) -> None:
@@ -97,6 +102,10 @@ class BackendQueues:
             queue.set_limit(limit)
             if service_prior_s is not None:
                 queue.set_service_prior(service_prior_s)
+
+    def set_background(self, key: str, priority: Priority | None) -> None:
+        """Run `priority` in the background on `key` (SlotQueue.background)."""
+        self._queue(key).set_background(priority)
 
     def queue_key(self, target: ModelTarget) -> str:
         """Which queue a routed target waits in first (its own, else its backend's)."""
@@ -136,7 +145,8 @@ class BackendQueues:
     def snapshot(self, key: str) -> QueueSnapshot:
         queue = self._queue(key)
         return QueueSnapshot(
-            key=key, limit=queue.limit, in_flight=queue.in_flight, waiting=queue.waiting,
+            key=key, limit=queue.limit, in_flight=queue.in_flight,
+            background_in_flight=queue.background_in_flight, waiting=queue.waiting,
             waiting_by_priority=queue.waiting_by_priority(),
             mean_service_s=queue.mean_service_s,
             predicted_wait_s={p: queue.predicted_wait_s(p) for p in PRIORITIES},
@@ -159,6 +169,14 @@ class BackendQueues:
 
     def _weight_of(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
+
+
+def _background_band(policy: Policy, backend: Backend) -> Priority | None:
+    """The band a backend's queues run in the background: batch lines, where the
+    backend's scheduler hears the band and sets them aside for better work."""
+    if policy.file.batches.background_slots and backend.band_carrier != "none":
+        return BATCH_BAND
+    return None
 
 
 def _service_prior_s(target: ModelTarget) -> float:

@@ -6,6 +6,12 @@ Invariants (checked by the property test):
 - someone waits only while every slot is taken;
 - a released slot goes straight to the next waiter, synchronously, so no
   newcomer can take it in between and no slot is ever lost.
+
+A queue may run one band in the background (`background`, the Batch API's lines on a
+backend whose own scheduler hears the band and runs them only in steps no better work
+wants): its tickets count in `in_flight` and against one another, but never make a
+better band wait, since the backend sets them aside for it. The better bands' limit then
+counts `in_flight - background_in_flight`.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class SlotTicket:
     waited_s: float  # from enqueue to grant; 0.0 when a slot was free
     granted_at: float
     _queue: SlotQueue = field(repr=False)
+    background: bool = False  # counted in the queue's background_in_flight
     released: bool = False
 
     def release(self) -> None:
@@ -73,6 +80,8 @@ class SlotQueue:
         self.key = key
         self.limit = limit
         self.in_flight = 0
+        self.background: Priority | None = None
+        self.background_in_flight = 0
         self.mean_service_s = service_prior_s
         self.counters = QueueCounters()
         self._clock = clock
@@ -104,7 +113,7 @@ class SlotQueue:
         rank = PRIORITIES.index(priority)
         ahead = sum(len(self._bands[p]) for p in PRIORITIES[: rank + 1])
         higher_rate = sum(self._arrivals[p].per_s(now) for p in PRIORITIES[:rank])
-        return estimate_wait(limit=self.limit, in_flight=self.in_flight, ahead=ahead,
+        return estimate_wait(limit=self.limit, in_flight=self._occupied(priority), ahead=ahead,
                              mean_service_s=self.mean_service_s,
                              higher_load=higher_rate * self.mean_service_s / self.limit)
 
@@ -113,11 +122,11 @@ class SlotQueue:
     async def acquire(self, *, tenant: str, priority: Priority, deadline: float | None,
                       now: float | None) -> SlotTicket:
         arrived = self._clock.now() if now is None else now
-        if self._has_free_slot():
-            self.in_flight += 1
+        if self._has_free_slot(priority):
+            background = self._take_slot(priority)
             self.counters.admitted_at_once += 1
             self._arrivals[priority].add(arrived)
-            return SlotTicket(self.key, tenant, priority, 0.0, arrived, self)
+            return SlotTicket(self.key, tenant, priority, 0.0, arrived, self, background)
         waiter = self._enqueue(tenant, priority, math.inf if deadline is None else deadline,
                                arrived)
         self._arrivals[priority].add(arrived)
@@ -127,13 +136,18 @@ class SlotQueue:
             self._abandon(waiter)
             raise
         return SlotTicket(self.key, tenant, priority, max(0.0, granted_at - arrived), granted_at,
-                      self)
+                          self, waiter.background)
 
     def release(self, ticket: SlotTicket) -> None:
         now = self._clock.now()
-        held_s = max(0.0, now - ticket.granted_at)
-        self.mean_service_s += SERVICE_EWMA_ALPHA * (held_s - self.mean_service_s)
-        self._measured = True
+        if ticket.background:
+            # A background hold time includes its pauses: it says nothing of how long
+            # the better bands hold a slot.
+            self.background_in_flight -= 1
+        else:
+            held_s = max(0.0, now - ticket.granted_at)
+            self.mean_service_s += SERVICE_EWMA_ALPHA * (held_s - self.mean_service_s)
+            self._measured = True
         self.in_flight -= 1
         self._dispatch(now)
 
@@ -144,6 +158,12 @@ class SlotQueue:
         self.limit = limit
         self._dispatch(self._clock.now())
 
+    def set_background(self, priority: Priority | None) -> None:
+        """Run `priority` in the background (see the module's note), or no band: tickets
+        already held keep counting as they were granted."""
+        self.background = priority
+        self._dispatch(self._clock.now())
+
     def set_service_prior(self, seconds: float) -> None:
         """A new declared hold time; ignored once real hold times have been measured."""
         if not self._measured:
@@ -151,8 +171,26 @@ class SlotQueue:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _has_free_slot(self) -> bool:
-        return self.limit is None or (self.in_flight < self.limit and self._waiting == 0)
+    def _occupied(self, priority: Priority) -> int:
+        """Slots that count against a request of `priority`."""
+        if self.background is None or priority == self.background:
+            return self.in_flight
+        return self.in_flight - self.background_in_flight
+
+    def _has_free_slot(self, priority: Priority) -> bool:
+        if self.limit is None:
+            return True
+        waiting_ahead = self._waiting
+        if self.background is not None and priority != self.background:
+            waiting_ahead -= len(self._bands[self.background])
+        return waiting_ahead == 0 and self._occupied(priority) < self.limit
+
+    def _take_slot(self, priority: Priority) -> bool:
+        """Count a granted slot; whether it is a background one."""
+        self.in_flight += 1
+        background = priority == self.background
+        self.background_in_flight += background
+        return background
 
     def _enqueue(self, tenant: str, priority: Priority, deadline: float,
                  arrived: float) -> Waiter:
@@ -205,6 +243,7 @@ class SlotQueue:
         elif future.done() and not future.cancelled() and future.exception() is None:
             # Granted just before the cancellation landed: nobody will release it.
             self.in_flight -= 1
+            self.background_in_flight -= waiter.background
             self._dispatch(self._clock.now())
 
     def _expire(self, waiter: Waiter, now: float | None) -> None:
@@ -234,8 +273,15 @@ class SlotQueue:
         waiter.future.set_exception(exc)
 
     def _pop_next(self) -> Waiter | None:
+        """The first waiter of the best band waiting, if a slot is free for it (a worse
+        band's waiter never has one when a better one's has none)."""
         for priority in PRIORITIES:
-            waiter = self._bands[priority].pop()
+            band = self._bands[priority]
+            if not len(band):
+                continue
+            if self.limit is not None and self._occupied(priority) >= self.limit:
+                return None
+            waiter = band.pop()
             if waiter is not None:
                 waiter.queued = False
                 self._waiting -= 1
@@ -245,7 +291,7 @@ class SlotQueue:
         return None
 
     def _dispatch(self, now: float) -> None:
-        while self._waiting and (self.limit is None or self.in_flight < self.limit):
+        while self._waiting:
             waiter = self._pop_next()
             if waiter is None:
                 break
@@ -256,7 +302,7 @@ class SlotQueue:
                 # Its budget is gone: a slot now would only produce a late answer.
                 self._fail(waiter, QueueDeadlinePassed(self.key, max(0.0, now - waiter.arrived)))
                 continue
-            self.in_flight += 1
+            waiter.background = self._take_slot(waiter.priority)
             self.counters.granted_from_queue += 1
             waiter.future.set_result(now)
 

@@ -50,3 +50,73 @@ async def test_batch_lines_may_fill_only_a_quarter_of_the_queue(clock: ManualClo
     await h.arrive_all("low-1", "low-2", priority="low")  # low still has its half
     assert h.queues.snapshot("local").waiting_by_priority["low"] == 2
     assert not h.failed
+
+
+def make_background(clock: ManualClock, limit: int = 2) -> Harness:
+    """A backend whose scheduler runs batch lines in the background."""
+    queues = BackendQueues(clock=clock, shed=ShedPolicy(max_waiting=8))
+    queues.set_limit("local", limit, service_prior_s=0.01)
+    queues.set_background("local", "batch")
+    return Harness(queues, "local")
+
+
+async def test_batch_lines_in_the_background_never_make_an_interactive_request_wait(
+        clock: ManualClock) -> None:
+    h = make_background(clock, limit=2)
+    await h.arrive_all("line-1", "line-2", priority="batch")
+    await h.arrive_all("normal-1", "normal-2", tenant="web")
+    assert h.granted == ["line-1", "line-2", "normal-1", "normal-2"]
+    snapshot = h.queues.snapshot("local")
+    assert (snapshot.in_flight, snapshot.background_in_flight, snapshot.waiting) == (4, 2, 0)
+
+
+async def test_interactive_requests_still_keep_to_the_limit_among_themselves(
+        clock: ManualClock) -> None:
+    h = make_background(clock, limit=2)
+    await h.arrive_all("line", priority="batch")
+    await h.arrive_all("normal-1", "normal-2", "normal-3", tenant="web")
+    assert h.granted == ["line", "normal-1", "normal-2"]
+    await h.finish("line")  # a background slot freed is no interactive slot
+    assert "normal-3" not in h.granted
+    await h.finish("normal-1")
+    assert h.granted[-1] == "normal-3"
+
+
+async def test_a_batch_line_still_counts_every_slot_in_use(clock: ManualClock) -> None:
+    h = make_background(clock, limit=2)
+    await h.arrive_all("normal-1", "normal-2", tenant="web")
+    await h.arrive_all("line", priority="batch")
+    assert "line" not in h.granted  # it waits: it would be a third request running
+    await h.finish("normal-1")
+    assert h.granted[-1] == "line"
+
+
+async def test_a_waiting_batch_line_does_not_hold_back_an_interactive_arrival(
+        clock: ManualClock) -> None:
+    h = make_background(clock, limit=1)
+    await h.arrive_all("line-1", priority="batch")
+    await h.arrive_all("line-2", priority="batch")  # waits behind line-1
+    await h.arrive_all("normal", tenant="web")
+    assert h.granted == ["line-1", "normal"]
+
+
+async def test_background_hold_times_leave_the_service_estimate_alone(
+        clock: ManualClock) -> None:
+    h = make_background(clock)
+    before = h.queues.snapshot("local").mean_service_s
+    await h.arrive_all("line", priority="batch")
+    clock.advance(30.0)  # paused behind interactive work for half a minute
+    await h.finish("line")
+    assert h.queues.snapshot("local").mean_service_s == before
+
+
+async def test_a_line_granted_before_the_band_left_the_background_is_released_as_granted(
+        clock: ManualClock) -> None:
+    h = make_background(clock, limit=1)
+    await h.arrive_all("line", priority="batch")
+    h.queues.set_background("local", None)  # a reload turned background slots off
+    await h.arrive_all("normal", tenant="web")
+    assert h.granted == ["line"]  # the line now counts against everyone
+    await h.finish("line")
+    assert h.granted == ["line", "normal"]
+    assert h.queues.snapshot("local").background_in_flight == 0

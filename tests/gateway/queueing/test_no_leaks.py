@@ -1,5 +1,7 @@
-"""Property: any interleaving of arrivals, completions, cancellations and clock jumps
-leaves no slot leaked and no one queued once everything has finished."""
+"""Property: any interleaving of arrivals, completions, cancellations, clock jumps and
+reloads (limits, batch lines in or out of the background) leaves no slot leaked and no
+one queued once everything has finished; no one waits while a slot that counts for it is
+free."""
 
 import asyncio
 
@@ -18,8 +20,9 @@ finish_and_cancel = st.tuples(st.just("finish_and_cancel"), st.integers(0, 3),
                               st.integers(0, 3))
 advance = st.tuples(st.just("advance"), st.floats(0.0, 8.0))
 limit = st.tuples(st.just("limit"), st.integers(1, 4))
-operations = st.lists(arrive | finish | cancel | finish_and_cancel | advance | limit,
-                      max_size=60)
+background = st.tuples(st.just("background"), st.booleans())
+operations = st.lists(arrive | finish | cancel | finish_and_cancel | advance | limit
+                      | background, max_size=60)
 
 
 def held(h: Harness) -> list[str]:
@@ -39,10 +42,12 @@ def cancel_one(h: Harness, index: int) -> None:
         pending[index % len(pending)].cancel()
 
 
-async def run(ops: list[tuple], start_limit: int, max_waiting: int) -> None:
+async def run(ops: list[tuple], start_limit: int, max_waiting: int,
+              start_background: bool) -> None:
     clock = ManualClock()
     queues = BackendQueues(clock=clock, shed=ShedPolicy(max_waiting=max_waiting))
     queues.set_limit("local", start_limit, service_prior_s=1.0)
+    queues.set_background("local", "batch" if start_background else None)
     h = Harness(queues, "local")
     current_limit = start_limit
     for n, op in enumerate(ops):
@@ -62,12 +67,20 @@ async def run(ops: list[tuple], start_limit: int, max_waiting: int) -> None:
             case ("limit", new_limit):
                 current_limit = new_limit
                 queues.set_limit("local", new_limit)
+            case ("background", on):
+                queues.set_background("local", "batch" if on else None)
         await settle()
         snapshot = queues.snapshot("local")
         assert snapshot.in_flight == len(held(h))
+        assert snapshot.background_in_flight == sum(
+            h.tickets[label].background for label in held(h))
         assert snapshot.waiting == sum(not task.done() for task in h.tasks.values())
-        if snapshot.waiting:
-            assert snapshot.in_flight >= current_limit
+        waiting = [p for p, n in snapshot.waiting_by_priority.items() if n]
+        if waiting:
+            counted = snapshot.in_flight
+            if waiting[0] != "batch" and queues._queue("local").background == "batch":
+                counted -= snapshot.background_in_flight
+            assert counted >= current_limit
     for task in h.tasks.values():
         task.cancel()
     await settle()
@@ -80,7 +93,8 @@ async def run(ops: list[tuple], start_limit: int, max_waiting: int) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=operations, start_limit=st.integers(1, 3), max_waiting=st.integers(0, 8))
+@given(ops=operations, start_limit=st.integers(1, 3), max_waiting=st.integers(0, 8),
+       start_background=st.booleans())
 def test_no_slot_leaks_and_queue_drains_after_any_interleaving(
-        ops: list[tuple], start_limit: int, max_waiting: int) -> None:
-    asyncio.run(run(ops, start_limit, max_waiting))
+        ops: list[tuple], start_limit: int, max_waiting: int, start_background: bool) -> None:
+    asyncio.run(run(ops, start_limit, max_waiting, start_background))

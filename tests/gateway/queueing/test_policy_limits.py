@@ -143,3 +143,30 @@ async def test_reloaded_policy_without_a_models_limit_sends_it_back_to_its_backe
     await settle()
     assert h.granted == ["a", "b"]  # the old limit no longer holds anyone back
     assert queues.queue_key(target) == "local"
+
+
+@pytest.mark.parametrize(("carrier", "switch", "background"), [
+    ("", "", "batch"),  # a dedicated backend sends the band by header
+    ("priority: vllm", "", "batch"),
+    ("priority: none", "", None),  # a backend that ignores the band
+    ("", "batches: {background_slots: false}", None),
+])
+def test_batch_lines_hold_background_slots_where_the_backend_hears_the_band(
+        carrier: str, switch: str, background: str | None) -> None:
+    queues = BackendQueues.from_policy(loads(f"""
+version: 1
+{switch}
+backends:
+  local:
+    type: openai
+    url: http://127.0.0.1:9/v1
+    deployment: dedicated
+    max_concurrency: 4
+    {carrier}
+    models:
+      demo: {{}}
+      big: {{max_concurrency: 2}}
+""", environ={}))
+    assert queues._queue("local").background == background
+    assert queues._queue("local/big").background == background
+    assert queues._queue("local/demo").background is None  # no queue of its own
