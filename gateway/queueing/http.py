@@ -1,8 +1,8 @@
 """The queues in the app: the pipeline's slot hook, policy reloads, `GET /admin/queues`.
 
     GET /admin/queues   per queue: limit, in flight (of which background), waiting by
-                        priority, mean hold
-                        time, predicted wait by priority, counters (admin key)
+                        priority, mean hold time, predicted wait by priority,
+                        counters (admin key)
 """
 
 from __future__ import annotations
