@@ -2,14 +2,17 @@
 the lease (a key with a TTL, taken and renewed by one script) lets exactly one run a
 batch; when its holder dies the key expires and another replica takes the batch over.
 
-    rg:batch:{id}            hash: data (the batch), cancel_at, tenant
-    rg:batch:{id}:results    hash: line number → the line's result
-    rg:batch:{id}:lease      the holder's name, expiring after `lease_s`
-    rg:batches:{tenant}      sorted set of the tenant's batch ids by creation time
-    rg:batches:unfinished    set of batch ids not yet final
-    rg:file:{id}             a file's metadata (its bytes are in the data directory)
+    rg:{batches}:batch:ID            hash: data (the batch), cancel_at, tenant
+    rg:{batches}:batch:ID:results    hash: line number → the line's result
+    rg:{batches}:batch:ID:lease      the holder's name, expiring after `lease_s`
+    rg:{batches}:tenant:TENANT       sorted set of the tenant's batch ids by creation time
+    rg:{batches}:unfinished          set of batch ids not yet final
+    rg:{batches}:file:ID             a file's metadata (its bytes are in the data directory)
 
-Plain `redis://` URLs (standalone); every key of one batch carries its id as a hash tag.
+Standalone, Sentinel and Cluster URLs (`gateway.stores.redis`). Every key carries one
+hash tag, `{batches}`, so a batch's creation (its hash, its tenant's index, the set of
+unfinished batches) is one transaction on one Cluster node: batch state is small and
+written once per line, so it gains nothing from being spread over the cluster.
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import time
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from gateway.batches.model import Batch, FileObject, LineResult
 from gateway.batches.state import result_json, result_of, with_cancel
+from gateway.stores.redis import connect
 
 # KEYS[1] lease, ARGV holder, ttl_ms: take a free or own lease, renew it; 1 if held
 _ACQUIRE = """
@@ -36,37 +39,45 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-_UNFINISHED = "rg:batches:unfinished"
+_PREFIX = "rg:{batches}:"
+_UNFINISHED = f"{_PREFIX}unfinished"
 SOCKET_TIMEOUT_S = 5.0
 
 
 def _batch(batch_id: str) -> str:
-    return f"rg:batch:{{{batch_id}}}"
+    return f"{_PREFIX}batch:{batch_id}"
+
+
+def _file(file_id: str) -> str:
+    return f"{_PREFIX}file:{file_id}"
+
+
+def _tenant_index(tenant: str) -> str:
+    return f"{_PREFIX}tenant:{tenant}"
 
 
 class RedisState:
     def __init__(self, url: str) -> None:
-        self._redis: aioredis.Redis = aioredis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S)
+        self._redis = connect(url, socket_timeout_s=SOCKET_TIMEOUT_S)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)
 
     async def put_file(self, file: FileObject) -> None:
-        await self._redis.set(f"rg:file:{file.id}", orjson.dumps(
+        await self._redis.set(_file(file.id), orjson.dumps(
             {name: getattr(file, name) for name in FileObject.__slots__}))
 
     async def get_file(self, file_id: str) -> FileObject | None:
-        data = await self._redis.get(f"rg:file:{file_id}")
+        data = await self._redis.get(_file(file_id))
         return None if data is None else FileObject(**orjson.loads(data))
 
     async def delete_file(self, file_id: str) -> bool:
-        return bool(await self._redis.delete(f"rg:file:{file_id}"))
+        return bool(await self._redis.delete(_file(file_id)))
 
     async def create(self, batch: Batch) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(_batch(batch.id), mapping={"data": orjson.dumps(batch.stored()),
                                                  "tenant": batch.tenant})
-            pipe.zadd(f"rg:batches:{batch.tenant}", {batch.id: time.time()})  # ordered to the µs
+            pipe.zadd(_tenant_index(batch.tenant), {batch.id: time.time()})  # ordered to the µs
             pipe.sadd(_UNFINISHED, batch.id)
             await pipe.execute()
 
@@ -82,7 +93,7 @@ class RedisState:
             await pipe.execute()
 
     async def listing(self, tenant: str, after: str | None, limit: int) -> list[Batch]:
-        index = f"rg:batches:{tenant}"
+        index = _tenant_index(tenant)
         start = 0
         if after is not None:
             rank: Any = await self._redis.zrevrank(index, after)

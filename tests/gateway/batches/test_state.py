@@ -1,5 +1,7 @@
-"""Both batch stores keep the same promises: one lease holder at a time, a lapsed lease
-taken over, a line's first stored result kept, a cancel request shown as `cancelling`."""
+"""Every batch store keeps the same promises (SQLite, one Redis, a 3-master Redis
+Cluster): one lease holder at a time, a lapsed lease taken over, a line's first stored
+result kept, a cancel request shown as `cancelling`, a tenant's batches listed newest
+first, file metadata kept until deleted."""
 
 from __future__ import annotations
 
@@ -9,26 +11,31 @@ from pathlib import Path
 
 import pytest
 
-from gateway.batches.model import Batch, LineResult
+from gateway.batches.model import Batch, FileObject, LineResult
 from gateway.batches.redis_state import RedisState
 from gateway.batches.state import BatchState, SqliteState
+from tests.redis_cluster import RedisClusterNodes
 from tests.redis_server import RedisServer
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "cluster"])
 async def state(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BatchState]:
     store: BatchState
     if request.param == "sqlite":
         store = SqliteState(tmp_path / "batches.sqlite3")
-    else:
+    elif request.param == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
         store = RedisState(server.url)
+    else:
+        cluster: RedisClusterNodes = request.getfixturevalue("shared_redis_cluster")
+        cluster.flush()
+        store = RedisState(cluster.url)
     yield store
     await store.aclose()
 
 
-def a_batch(batch_id: str = "batch_1") -> Batch:
-    return Batch(id=batch_id, tenant="acme", key_hash=None, endpoint="/v1/chat/completions",
+def a_batch(batch_id: str = "batch_1", tenant: str = "acme") -> Batch:
+    return Batch(id=batch_id, tenant=tenant, key_hash=None, endpoint="/v1/chat/completions",
                  input_file_id="file_1", completion_window="24h", window_s=86_400.0,
                  created_at=1, expires_at=86_401)
 
@@ -67,3 +74,27 @@ async def test_a_cancel_request_shows_as_cancelling_until_the_runner_finishes(
     done = await state.get("batch_1")
     assert done is not None and done.status == "cancelled"
     assert await state.unfinished() == []
+
+
+async def test_a_tenants_batches_are_listed_newest_first_a_page_at_a_time(
+        state: BatchState) -> None:
+    for n in range(5):
+        await state.create(a_batch(f"batch_{n}"))
+    await state.create(a_batch("other", tenant="globex"))
+    first = await state.listing("acme", None, 2)
+    assert [b.id for b in first] == ["batch_4", "batch_3"]
+    rest = await state.listing("acme", "batch_3", 10)
+    assert [b.id for b in rest] == ["batch_2", "batch_1", "batch_0"]
+    assert await state.listing("acme", "no-such-batch", 10) == []
+    assert sorted(await state.unfinished()) == sorted(
+        [f"batch_{n}" for n in range(5)] + ["other"])
+
+
+async def test_file_metadata_is_kept_until_deleted(state: BatchState) -> None:
+    file = FileObject(id="file_1", bytes=120, created_at=7, filename="in.jsonl",
+                      purpose="batch", tenant="acme", lines=3)
+    await state.put_file(file)
+    assert await state.get_file("file_1") == file
+    assert await state.delete_file("file_1")
+    assert await state.get_file("file_1") is None
+    assert not await state.delete_file("file_1")
