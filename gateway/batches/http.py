@@ -1,6 +1,7 @@
 """The Files and Batches API, as OpenAI's SDKs call it.
 
     POST   /v1/files                      multipart: `file` (JSONL), `purpose` = batch
+    GET    /v1/files?purpose=&order=&after=&limit=   newest first unless order=asc
     GET    /v1/files/{id}                 the file object
     GET    /v1/files/{id}/content         its bytes (input, output or error file)
     DELETE /v1/files/{id}
@@ -37,6 +38,7 @@ MAX_WINDOW_S = 7 * 24 * 3600
 MAX_METADATA_PAIRS = 16  # OpenAI's limits
 MAX_METADATA_VALUE = 512
 MAX_PAGE = 100
+MAX_FILE_PAGE = 10_000  # OpenAI's: the files listing's default and largest page
 
 
 def window_s(text: object) -> float:
@@ -184,12 +186,33 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 async def list_batches(request: web.Request) -> web.Response:
     service, identity = _service(request)
-    limit_text = request.query.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE}.", param="limit")
-    limit = int(limit_text)
+    limit = _limit(request, default=20, most=MAX_PAGE)
     found = await service.state.listing(identity.tenant, request.query.get("after"), limit + 1)
-    page: list[dict[str, Any]] = [batch.openai() for batch in found[:limit]]
+    return _page([batch.openai() for batch in found], limit, identity)
+
+
+async def list_files(request: web.Request) -> web.Response:
+    service, identity = _service(request)
+    limit = _limit(request, default=MAX_FILE_PAGE, most=MAX_FILE_PAGE)
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"order must be asc or desc; got {order!r}.", param="order")
+    found = await service.state.file_listing(
+        identity.tenant, request.query.get("purpose"), request.query.get("after"), limit + 1,
+        newest_first=order == "desc")
+    return _page([file.openai() for file in found], limit, identity)
+
+
+def _limit(request: web.Request, *, default: int, most: int) -> int:
+    text = request.query.get("limit", str(default))
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise BadRequest(f"limit must be a whole number from 1 to {most}.", param="limit")
+    return int(text)
+
+
+def _page(found: list[dict[str, Any]], limit: int, identity: Identity) -> web.Response:
+    """A cursor page, as OpenAI's lists are (`found`: up to one past the page)."""
+    page = found[:limit]
     return _json({"object": "list", "data": page,
                   "first_id": page[0]["id"] if page else None,
                   "last_id": page[-1]["id"] if page else None,
@@ -198,6 +221,7 @@ async def list_batches(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/files", create_file)
+    app.router.add_get("/v1/files", list_files)
     app.router.add_get("/v1/files/{file_id}", get_file)
     app.router.add_get("/v1/files/{file_id}/content", file_content)
     app.router.add_delete("/v1/files/{file_id}", delete_file)

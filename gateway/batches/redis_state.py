@@ -8,6 +8,7 @@ batch; when its holder dies the key expires and another replica takes the batch 
     rg:{batches}:tenant:TENANT       sorted set of the tenant's batch ids by creation time
     rg:{batches}:unfinished          set of batch ids not yet final
     rg:{batches}:file:ID             a file's metadata (its bytes are in the data directory)
+    rg:{batches}:files:TENANT        sorted set of the tenant's file ids by upload time
 
 Standalone, Sentinel and Cluster URLs (`gateway.stores.redis`). Every key carries one
 hash tag, `{batches}`, so a batch's creation (its hash, its tenant's index, the set of
@@ -56,6 +57,10 @@ def _tenant_index(tenant: str) -> str:
     return f"{_PREFIX}tenant:{tenant}"
 
 
+def _tenant_files(tenant: str) -> str:
+    return f"{_PREFIX}files:{tenant}"
+
+
 class RedisState:
     def __init__(self, url: str) -> None:
         self._redis = connect(url, socket_timeout_s=SOCKET_TIMEOUT_S)
@@ -63,15 +68,51 @@ class RedisState:
         self._release = self._redis.register_script(_RELEASE)
 
     async def put_file(self, file: FileObject) -> None:
-        await self._redis.set(_file(file.id), orjson.dumps(
-            {name: getattr(file, name) for name in FileObject.__slots__}))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(_file(file.id), orjson.dumps(
+                {name: getattr(file, name) for name in FileObject.__slots__}))
+            pipe.zadd(_tenant_files(file.tenant), {file.id: time.time()})
+            await pipe.execute()
 
     async def get_file(self, file_id: str) -> FileObject | None:
         data = await self._redis.get(_file(file_id))
         return None if data is None else FileObject(**orjson.loads(data))
 
     async def delete_file(self, file_id: str) -> bool:
-        return bool(await self._redis.delete(_file(file_id)))
+        file = await self.get_file(file_id)
+        if file is None:
+            return False
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(_file(file_id))
+            pipe.zrem(_tenant_files(file.tenant), file_id)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
+                           limit: int, newest_first: bool) -> list[FileObject]:
+        index = _tenant_files(tenant)
+        start = 0
+        if after is not None:
+            rank: Any = await (self._redis.zrevrank(index, after) if newest_first
+                               else self._redis.zrank(index, after))
+            if rank is None:
+                return []
+            start = int(rank) + 1
+        found: list[FileObject] = []
+        chunk = max(limit, 100)  # read ahead: `purpose` may skip some
+        read = self._redis.zrevrange if newest_first else self._redis.zrange
+        while len(found) < limit:
+            ids: list[Any] = await read(index, start, start + chunk - 1)
+            if not ids:
+                break
+            start += len(ids)
+            for data in await self._redis.mget([_file(i.decode()) for i in ids]):
+                if data is None:
+                    continue  # deleted since the ids were read
+                file = FileObject(**orjson.loads(data))
+                if purpose is None or file.purpose == purpose:
+                    found.append(file)
+        return found[:limit]
 
     async def create(self, batch: Batch) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:

@@ -28,6 +28,11 @@ class BatchState(Protocol):
     async def put_file(self, file: FileObject) -> None: ...
     async def get_file(self, file_id: str) -> FileObject | None: ...
     async def delete_file(self, file_id: str) -> bool: ...
+    async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
+                           limit: int, newest_first: bool) -> list[FileObject]:
+        """The tenant's files of `purpose` (None: any), in upload order, from the one
+        after `after` (a file id; one unknown to the tenant: none)."""
+        ...
     async def create(self, batch: Batch) -> None: ...
     async def get(self, batch_id: str) -> Batch | None: ...
     async def save(self, batch: Batch) -> None:
@@ -55,7 +60,11 @@ def result_of(data: bytes | str) -> LineResult:
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, data BLOB NOT NULL);
+-- files: tenant, created_at (with its fraction, as for batches) and purpose are copies
+-- of fields in `data`, for the listing
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, data BLOB NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL DEFAULT 0,
+    purpose TEXT NOT NULL DEFAULT '');
 -- created_at: seconds with their fraction, for the listing's order (the batch's own
 -- `created_at` is whole seconds, as OpenAI's)
 CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
@@ -80,6 +89,7 @@ class SqliteState:
         # an OS crash may lose the last commits, whose lines then simply run again
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        _add_file_columns(self._db)
         self._lock = threading.Lock()
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -91,7 +101,8 @@ class SqliteState:
     async def put_file(self, file: FileObject) -> None:
         data = orjson.dumps({name: getattr(file, name) for name in FileObject.__slots__})
         await self._run(lambda db: db.execute(
-            "INSERT OR REPLACE INTO files VALUES (?, ?)", (file.id, data)))
+            "INSERT OR REPLACE INTO files (id, data, tenant, created_at, purpose) "
+            "VALUES (?, ?, ?, ?, ?)", (file.id, data, file.tenant, time.time(), file.purpose)))
 
     async def get_file(self, file_id: str) -> FileObject | None:
         row = await self._run(lambda db: db.execute(
@@ -102,6 +113,23 @@ class SqliteState:
         cursor = await self._run(lambda db: db.execute(
             "DELETE FROM files WHERE id = ?", (file_id,)))
         return cursor.rowcount > 0
+
+    async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
+                           limit: int, newest_first: bool) -> list[FileObject]:
+        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+        where, args = "f.tenant = ?", [tenant]
+        if purpose is not None:
+            where += " AND f.purpose = ?"
+            args.append(purpose)
+        if after is not None:  # the cursor must be the tenant's own file
+            where += (f" AND f.created_at {beyond}= a.created_at AND (f.created_at {beyond} "
+                      f"a.created_at OR f.id {beyond} a.id)")
+            args = [after, tenant, *args]
+        query = ("SELECT f.data FROM files f" + (", files a WHERE a.id = ? AND a.tenant = ? "
+                                                  "AND " if after is not None else " WHERE ")
+                 + where + f" ORDER BY f.created_at {order}, f.id {order} LIMIT ?")
+        rows = await self._run(lambda db: db.execute(query, (*args, limit)).fetchall())
+        return [FileObject(**orjson.loads(data)) for (data,) in rows]
 
     async def create(self, batch: Batch) -> None:
         await self._run(lambda db: db.execute(
@@ -187,3 +215,19 @@ def with_cancel(batch: Batch, cancel_at: int | None) -> Batch:
         batch.status = "cancelling"
         batch.times.setdefault("cancelling_at", cancel_at)
     return batch
+
+
+def _add_file_columns(db: sqlite3.Connection) -> None:
+    """A state file from before the listing: its files get the listing's columns, filled
+    in from their data (upload order by whole seconds, as their `created_at`)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(files)")}
+    if "tenant" not in columns:  # one transaction: all three columns, or none
+        db.executescript("""BEGIN;
+            ALTER TABLE files ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+            ALTER TABLE files ADD COLUMN created_at REAL NOT NULL DEFAULT 0;
+            ALTER TABLE files ADD COLUMN purpose TEXT NOT NULL DEFAULT '';
+            UPDATE files SET tenant = json_extract(CAST(data AS TEXT), '$.tenant'),
+                created_at = json_extract(CAST(data AS TEXT), '$.created_at'),
+                purpose = json_extract(CAST(data AS TEXT), '$.purpose');
+            COMMIT;""")
+    db.execute("CREATE INDEX IF NOT EXISTS files_by_tenant ON files (tenant, created_at)")

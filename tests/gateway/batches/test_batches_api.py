@@ -175,3 +175,29 @@ async def test_a_batch_whose_file_bytes_are_missing_fails_and_says_where_to_look
     assert batch.errors.data[0].code == "input_file_missing"
     assert "shared volume" in (batch.errors.data[0].message or "")
     assert not local.received
+
+
+async def test_files_are_listed_a_page_at_a_time_newest_first_or_oldest_first(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path) -> None:
+    local, cloud = await start_upstream(name="local"), await start_upstream(name="cloud")
+    gateway = await start_gateway(batch_policy(local.url, cloud.url, tmp_path))
+    client = gateway.openai()
+    ids = [(await client.files.create(file=(f"in-{n}.jsonl", io.BytesIO(jsonl(chat_lines(1)))),
+                                      purpose="batch")).id for n in range(3)]
+    batch = await until_final(client, (await client.batches.create(
+        input_file_id=ids[0], endpoint="/v1/chat/completions", completion_window="24h")).id)
+
+    page = await client.files.list(limit=2)
+    assert [f.id for f in page.data] == [batch.output_file_id, ids[2]] and page.has_more
+    every = [f.id async for f in client.files.list(limit=2)]  # the SDK follows the cursor
+    assert every == [batch.output_file_id, *ids[::-1]]
+    inputs = [f.id async for f in client.files.list(purpose="batch", order="asc", limit=1)]
+    assert inputs == ids
+    await client.files.delete(ids[1])
+    assert [f.id async for f in client.files.list(purpose="batch")] == [ids[2], ids[0]]
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.files.list(order="sideways")  # type: ignore[arg-type]
+    assert bad.value.param == "order"
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.files.list(limit=0)
+    assert bad.value.param == "limit"

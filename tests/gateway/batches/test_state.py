@@ -6,9 +6,11 @@ first, file metadata kept until deleted."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway.batches.model import Batch, FileObject, LineResult
@@ -98,3 +100,45 @@ async def test_file_metadata_is_kept_until_deleted(state: BatchState) -> None:
     assert await state.delete_file("file_1")
     assert await state.get_file("file_1") is None
     assert not await state.delete_file("file_1")
+
+
+async def test_a_tenants_files_are_listed_in_upload_order_from_a_cursor(
+        state: BatchState) -> None:
+    def file(n: int, tenant: str = "acme", purpose: str = "batch") -> FileObject:
+        return FileObject(id=f"file_{n}", bytes=1, created_at=7, filename="f.jsonl",
+                          purpose=purpose, tenant=tenant)
+    for n in range(4):
+        await state.put_file(file(n, purpose="batch_output" if n == 2 else "batch"))
+    await state.put_file(file(9, tenant="globex"))
+
+    async def ids(purpose: str | None = None, after: str | None = None, limit: int = 10,
+                  newest_first: bool = True) -> list[str]:
+        return [f.id for f in await state.file_listing("acme", purpose, after, limit,
+                                                        newest_first)]
+    assert await ids() == ["file_3", "file_2", "file_1", "file_0"]
+    assert await ids(after="file_2", limit=1) == ["file_1"]
+    assert await ids(newest_first=False, after="file_1") == ["file_2", "file_3"]
+    assert await ids(purpose="batch") == ["file_3", "file_1", "file_0"]
+    assert await ids(purpose="batch", after="file_3", limit=1) == ["file_1"]
+    assert await ids(after="file_9") == []  # another tenant's file is no cursor
+    await state.delete_file("file_1")
+    assert await ids() == ["file_3", "file_2", "file_0"]
+
+
+async def test_a_state_file_from_before_the_files_listing_lists_its_files(
+        tmp_path: Path) -> None:
+    path = tmp_path / "batches.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE files (id TEXT PRIMARY KEY, data BLOB NOT NULL)")
+        for n, created in ((0, 100), (1, 200)):
+            old.execute("INSERT INTO files VALUES (?, ?)", (f"file_{n}", orjson.dumps({
+                "id": f"file_{n}", "bytes": 1, "created_at": created, "filename": "f",
+                "purpose": "batch", "tenant": "acme", "lines": 1})))
+    old.close()
+    state = SqliteState(path)
+    try:
+        assert [f.id for f in await state.file_listing("acme", None, None, 10, True)] == [
+            "file_1", "file_0"]
+        assert await state.get_file("file_0") is not None
+    finally:
+        await state.aclose()
