@@ -42,6 +42,28 @@ def count_lines(data: bytes, settings: Batches) -> int:
     return count
 
 
+SWEEP_BATCH = 100  # expired files deleted per sweep (the next poll takes the rest)
+# `expires_after.seconds`, as OpenAI bounds it: an hour to 30 days
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
+
+
+def expiry_s(value: object, param: str) -> int | None:
+    """`{"anchor": "created_at", "seconds": N}` (OpenAI's `expires_after`) → N; None
+    when absent. A 400 naming `param` otherwise."""
+    if value is None:
+        return None
+    anchor = value.get("anchor") if isinstance(value, dict) else None
+    seconds = value.get("seconds") if isinstance(value, dict) else None
+    if isinstance(seconds, str) and seconds.isdigit():
+        seconds = int(seconds)  # a multipart form sends it as text
+    if anchor != "created_at" or not isinstance(seconds, int) or isinstance(seconds, bool) \
+            or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
+        raise BadRequest(f"{param} must be {{\"anchor\": \"created_at\", \"seconds\": N}} with "
+                         f"N from {MIN_EXPIRY_S} to {MAX_EXPIRY_S}; got {value!r}.",
+                         param=param)
+    return seconds
+
+
 class FileStore:
     def __init__(self, data_dir: Path, state: BatchState) -> None:
         self.directory = data_dir / "files"
@@ -52,7 +74,7 @@ class FileStore:
         return self.directory / f"{file_id}.jsonl"
 
     async def upload(self, tenant: str, filename: str, purpose: str, data: bytes,
-                     settings: Batches) -> FileObject:
+                     settings: Batches, expires_s: int | None = None) -> FileObject:
         if purpose not in PURPOSES:
             raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}.",
                              param="purpose")
@@ -60,12 +82,14 @@ class FileStore:
             raise PayloadTooLarge(f"The file is {len(data)} bytes, over the limit of "
                                   f"{settings.max_file_bytes} (batches.max_file_bytes).")
         lines = count_lines(data, settings)
-        return await self.keep(tenant, filename, purpose, data, lines)
+        return await self.keep(tenant, filename, purpose, data, lines, expires_s)
 
     async def keep(self, tenant: str, filename: str, purpose: str, data: bytes,
-                   lines: int) -> FileObject:
-        file = FileObject(id=new_id("file"), bytes=len(data), created_at=int(time.time()),
-                          filename=filename, purpose=purpose, tenant=tenant, lines=lines)
+                   lines: int, expires_s: int | None = None) -> FileObject:
+        now = int(time.time())
+        file = FileObject(id=new_id("file"), bytes=len(data), created_at=now,
+                          filename=filename, purpose=purpose, tenant=tenant, lines=lines,
+                          expires_at=None if expires_s is None else now + expires_s)
         await asyncio.to_thread(_write_whole, self.path(file.id), data)
         await self.state.put_file(file)
         return file
@@ -73,7 +97,7 @@ class FileStore:
     async def get(self, tenant: str, file_id: str) -> FileObject:
         """The tenant's file, or 404 (another tenant's file is not found, not forbidden)."""
         file = await self.state.get_file(file_id)
-        if file is None or file.tenant != tenant:
+        if file is None or file.tenant != tenant or file.expired(time.time()):
             raise NotFound(f"No file found with id '{file_id}'.", param="file_id")
         return file
 
@@ -83,6 +107,14 @@ class FileStore:
     async def delete(self, file: FileObject) -> None:
         await self.state.delete_file(file.id)
         await asyncio.to_thread(self.path(file.id).unlink, True)
+
+    async def sweep(self, now: float, most: int = SWEEP_BATCH) -> int:
+        """Delete up to `most` files whose time is up (every replica sweeps; a file
+        deleted twice is deleted once); how many."""
+        expired = await self.state.expired_files(now, most)
+        for file in expired:
+            await self.delete(file)
+        return len(expired)
 
 
 def _write_whole(path: Path, data: bytes) -> None:

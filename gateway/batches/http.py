@@ -1,11 +1,13 @@
 """The Files and Batches API, as OpenAI's SDKs call it.
 
-    POST   /v1/files                      multipart: `file` (JSONL), `purpose` = batch
+    POST   /v1/files                      multipart: `file` (JSONL), `purpose` = batch,
+                                          `expires_after` (anchor created_at, seconds)
     GET    /v1/files?purpose=&order=&after=&limit=   newest first unless order=asc
     GET    /v1/files/{id}                 the file object
     GET    /v1/files/{id}/content         its bytes (input, output or error file)
     DELETE /v1/files/{id}
-    POST   /v1/batches                    input_file_id, endpoint, completion_window, metadata
+    POST   /v1/batches                    input_file_id, endpoint, completion_window, metadata,
+                                          output_expires_after
     GET    /v1/batches/{id}               any replica answers (the state is shared)
     GET    /v1/batches?after=&limit=      newest first
     POST   /v1/batches/{id}/cancel
@@ -24,6 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import BodyPartReader, web
 
+from gateway.batches.files import expiry_s
 from gateway.batches.model import ENDPOINTS, Batch, new_id
 from gateway.batches.service import BatchService
 from gateway.core.auth import TENANT_HEADER, Identity
@@ -69,21 +72,33 @@ async def create_file(request: web.Request) -> web.Response:
         raise BadRequest("Upload the file as multipart/form-data with `file` and `purpose`.",
                          param="file")
     purpose, data, filename = None, None, "upload.jsonl"
+    expires: dict[str, str] = {}  # `expires_after[anchor]`, `expires_after[seconds]`
     reader = await request.multipart()
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
             continue
         if part.name == "purpose":
-            purpose = (await part.read(decode=True)).decode(errors="replace")
+            purpose = await _text_part(part)
         elif part.name == "file":
             filename = part.filename or filename
             data = await _read_part(part, settings.max_file_bytes)
+        elif part.name in _EXPIRES_PARTS:
+            expires[_EXPIRES_PARTS[part.name]] = await _text_part(part)
     if data is None:
         raise BadRequest("The form has no `file` part.", param="file")
     if purpose is None:
         raise BadRequest("The form has no `purpose` part (batch).", param="purpose")
-    file = await service.files.upload(identity.tenant, filename, purpose, data, settings)
+    file = await service.files.upload(identity.tenant, filename, purpose, data, settings,
+                                      expiry_s(expires or None, "expires_after"))
     return _json(file.openai(), identity)
+
+
+_EXPIRES_PARTS = {"expires_after[anchor]": "anchor", "expires_after[seconds]": "seconds"}
+MAX_TEXT_PART = 1024  # a form field other than the file
+
+
+async def _text_part(part: BodyPartReader) -> str:
+    return (await _read_part(part, MAX_TEXT_PART)).decode(errors="replace")
 
 
 async def _read_part(part: BodyPartReader, limit: int) -> bytes:
@@ -137,12 +152,13 @@ async def create_batch(request: web.Request) -> web.Response:
     if file.purpose != "batch":
         raise BadRequest(f"File '{file_id}' has purpose {file.purpose!r}, not 'batch'.",
                          param="input_file_id")
+    output_expires_s = expiry_s(body.get("output_expires_after"), "output_expires_after")
     now = int(time.time())
     batch = Batch(id=new_id("batch"), tenant=identity.tenant, key_hash=identity.key_hash,
                   endpoint=endpoint, input_file_id=file.id,
                   completion_window=body["completion_window"], window_s=seconds,
                   created_at=now, expires_at=now + int(seconds), metadata=metadata,
-                  total=file.lines)
+                  total=file.lines, output_expires_s=output_expires_s)
     await service.state.create(batch)
     service.wake.set()
     return _json(batch.openai(), identity)
@@ -199,7 +215,7 @@ async def list_files(request: web.Request) -> web.Response:
         raise BadRequest(f"order must be asc or desc; got {order!r}.", param="order")
     found = await service.state.file_listing(
         identity.tenant, request.query.get("purpose"), request.query.get("after"), limit + 1,
-        newest_first=order == "desc")
+        newest_first=order == "desc", now=time.time())
     return _page([file.openai() for file in found], limit, identity)
 
 

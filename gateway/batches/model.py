@@ -27,11 +27,16 @@ class FileObject:
     purpose: str  # batch | batch_output
     tenant: str  # who may read it: files are a tenant's, like its batches
     lines: int = 0
+    expires_at: int | None = None  # gone from then on (None: kept until deleted)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
     def openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes,
                 "created_at": self.created_at, "filename": self.filename,
-                "purpose": self.purpose, "status": "processed", "status_details": None}
+                "purpose": self.purpose, "status": "processed", "status_details": None,
+                "expires_at": self.expires_at}
 
 
 @dataclass(slots=True)
@@ -122,6 +127,7 @@ class Batch:
     failed: int = 0
     times: dict[str, int] = field(default_factory=dict)  # in_progress_at, …: when it got there
     report: Report = field(default_factory=Report)
+    output_expires_s: int | None = None  # its output and error files' lifetime
 
     @property
     def final(self) -> bool:

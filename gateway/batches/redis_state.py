@@ -9,6 +9,7 @@ batch; when its holder dies the key expires and another replica takes the batch 
     rg:{batches}:unfinished          set of batch ids not yet final
     rg:{batches}:file:ID             a file's metadata (its bytes are in the data directory)
     rg:{batches}:files:TENANT        sorted set of the tenant's file ids by upload time
+    rg:{batches}:file_expiry         sorted set of file ids by `expires_at` (those that have one)
 
 Standalone, Sentinel and Cluster URLs (`gateway.stores.redis`). Every key carries one
 hash tag, `{batches}`, so a batch's creation (its hash, its tenant's index, the set of
@@ -42,6 +43,7 @@ return 0
 """
 _PREFIX = "rg:{batches}:"
 _UNFINISHED = f"{_PREFIX}unfinished"
+_FILE_EXPIRY = f"{_PREFIX}file_expiry"
 SOCKET_TIMEOUT_S = 5.0
 
 
@@ -72,6 +74,8 @@ class RedisState:
             pipe.set(_file(file.id), orjson.dumps(
                 {name: getattr(file, name) for name in FileObject.__slots__}))
             pipe.zadd(_tenant_files(file.tenant), {file.id: time.time()})
+            if file.expires_at is not None:
+                pipe.zadd(_FILE_EXPIRY, {file.id: file.expires_at})
             await pipe.execute()
 
     async def get_file(self, file_id: str) -> FileObject | None:
@@ -85,11 +89,22 @@ class RedisState:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(_file(file_id))
             pipe.zrem(_tenant_files(file.tenant), file_id)
-            deleted, _ = await pipe.execute()
+            pipe.zrem(_FILE_EXPIRY, file_id)
+            deleted, _, _ = await pipe.execute()
         return bool(deleted)
 
+    async def expired_files(self, now: float, limit: int) -> list[FileObject]:
+        ids: list[Any] = await self._redis.zrangebyscore(_FILE_EXPIRY, "-inf", now, 0, limit)
+        if not ids:
+            return []
+        found = await self._redis.mget([_file(i.decode()) for i in ids])
+        gone = [i for i, data in zip(ids, found, strict=True) if data is None]
+        if gone:  # deleted by another replica's sweep between the two reads
+            await self._redis.zrem(_FILE_EXPIRY, *gone)
+        return [FileObject(**orjson.loads(data)) for data in found if data is not None]
+
     async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
-                           limit: int, newest_first: bool) -> list[FileObject]:
+                           limit: int, newest_first: bool, now: float) -> list[FileObject]:
         index = _tenant_files(tenant)
         start = 0
         if after is not None:
@@ -110,7 +125,7 @@ class RedisState:
                 if data is None:
                     continue  # deleted since the ids were read
                 file = FileObject(**orjson.loads(data))
-                if purpose is None or file.purpose == purpose:
+                if (purpose is None or file.purpose == purpose) and not file.expired(now):
                     found.append(file)
         return found[:limit]
 

@@ -306,7 +306,8 @@ class BatchRun:
     async def _write(self, items: list[dict[str, Any]], kind: str) -> Any:
         data = b"".join(orjson.dumps(item) + b"\n" for item in items)
         return await self.files.keep(self.batch.tenant, f"{self.batch.id}_{kind}.jsonl",
-                                     "batch_output", data, len(items))
+                                     "batch_output", data, len(items),
+                                     self.batch.output_expires_s)
 
     async def _fail(self, code: str, message: str) -> None:
         batch = self.batch

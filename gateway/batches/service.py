@@ -88,6 +88,8 @@ class BatchService:
             while True:
                 try:
                     await self._claim(group)
+                    if self.has_state():
+                        await self.files.sweep(time.time())
                 except Exception:  # a task supervisor: the store may be away for a while
                     log.exception("looking for batches to run failed; trying again")
                 settings = self.pipeline.live.current.file.batches

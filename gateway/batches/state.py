@@ -29,9 +29,12 @@ class BatchState(Protocol):
     async def get_file(self, file_id: str) -> FileObject | None: ...
     async def delete_file(self, file_id: str) -> bool: ...
     async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
-                           limit: int, newest_first: bool) -> list[FileObject]:
-        """The tenant's files of `purpose` (None: any), in upload order, from the one
-        after `after` (a file id; one unknown to the tenant: none)."""
+                           limit: int, newest_first: bool, now: float) -> list[FileObject]:
+        """The tenant's files of `purpose` (None: any) not expired at `now`, in upload
+        order, from the one after `after` (a file id; one unknown to the tenant: none)."""
+        ...
+    async def expired_files(self, now: float, limit: int) -> list[FileObject]:
+        """Up to `limit` files whose `expires_at` has passed at `now`."""
         ...
     async def create(self, batch: Batch) -> None: ...
     async def get(self, batch_id: str) -> Batch | None: ...
@@ -60,11 +63,9 @@ def result_of(data: bytes | str) -> LineResult:
 
 
 _SCHEMA = """
--- files: tenant, created_at (with its fraction, as for batches) and purpose are copies
--- of fields in `data`, for the listing
-CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, data BLOB NOT NULL,
-    tenant TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL DEFAULT 0,
-    purpose TEXT NOT NULL DEFAULT '');
+-- files: tenant, created_at (with its fraction, as for batches), purpose and
+-- expires_at are copies of fields in `data`, for the listing and the sweep
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, data BLOB NOT NULL);
 -- created_at: seconds with their fraction, for the listing's order (the batch's own
 -- `created_at` is whole seconds, as OpenAI's)
 CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
@@ -101,8 +102,9 @@ class SqliteState:
     async def put_file(self, file: FileObject) -> None:
         data = orjson.dumps({name: getattr(file, name) for name in FileObject.__slots__})
         await self._run(lambda db: db.execute(
-            "INSERT OR REPLACE INTO files (id, data, tenant, created_at, purpose) "
-            "VALUES (?, ?, ?, ?, ?)", (file.id, data, file.tenant, time.time(), file.purpose)))
+            "INSERT OR REPLACE INTO files (id, data, tenant, created_at, purpose, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (file.id, data, file.tenant, time.time(), file.purpose, file.expires_at)))
 
     async def get_file(self, file_id: str) -> FileObject | None:
         row = await self._run(lambda db: db.execute(
@@ -115,9 +117,10 @@ class SqliteState:
         return cursor.rowcount > 0
 
     async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
-                           limit: int, newest_first: bool) -> list[FileObject]:
+                           limit: int, newest_first: bool, now: float) -> list[FileObject]:
         order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-        where, args = "f.tenant = ?", [tenant]
+        where = "f.tenant = ? AND (f.expires_at IS NULL OR f.expires_at > ?)"
+        args: list[object] = [tenant, now]
         if purpose is not None:
             where += " AND f.purpose = ?"
             args.append(purpose)
@@ -129,6 +132,12 @@ class SqliteState:
                                                   "AND " if after is not None else " WHERE ")
                  + where + f" ORDER BY f.created_at {order}, f.id {order} LIMIT ?")
         rows = await self._run(lambda db: db.execute(query, (*args, limit)).fetchall())
+        return [FileObject(**orjson.loads(data)) for (data,) in rows]
+
+    async def expired_files(self, now: float, limit: int) -> list[FileObject]:
+        rows = await self._run(lambda db: db.execute(
+            "SELECT data FROM files WHERE expires_at <= ? ORDER BY expires_at LIMIT ?",
+            (now, limit)).fetchall())
         return [FileObject(**orjson.loads(data)) for (data,) in rows]
 
     async def create(self, batch: Batch) -> None:
@@ -218,16 +227,20 @@ def with_cancel(batch: Batch, cancel_at: int | None) -> Batch:
 
 
 def _add_file_columns(db: sqlite3.Connection) -> None:
-    """A state file from before the listing: its files get the listing's columns, filled
-    in from their data (upload order by whole seconds, as their `created_at`)."""
+    """The listing's and the sweep's columns, added to a state file from before them and
+    filled in from each file's data (upload order then by whole seconds)."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(files)")}
-    if "tenant" not in columns:  # one transaction: all three columns, or none
-        db.executescript("""BEGIN;
-            ALTER TABLE files ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
-            ALTER TABLE files ADD COLUMN created_at REAL NOT NULL DEFAULT 0;
-            ALTER TABLE files ADD COLUMN purpose TEXT NOT NULL DEFAULT '';
-            UPDATE files SET tenant = json_extract(CAST(data AS TEXT), '$.tenant'),
-                created_at = json_extract(CAST(data AS TEXT), '$.created_at'),
-                purpose = json_extract(CAST(data AS TEXT), '$.purpose');
-            COMMIT;""")
+    missing = [(name, kind) for name, kind in _FILE_COLUMNS if name not in columns]
+    if missing:  # one transaction: every column, filled in, or none
+        db.executescript("BEGIN;" + "".join(
+            f"ALTER TABLE files ADD COLUMN {name} {kind};"
+            f"UPDATE files SET {name} = json_extract(CAST(data AS TEXT), '$.{name}');"
+            for name, kind in missing) + "COMMIT;")
     db.execute("CREATE INDEX IF NOT EXISTS files_by_tenant ON files (tenant, created_at)")
+    db.execute("CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at)")
+
+
+_FILE_COLUMNS = (("tenant", "TEXT NOT NULL DEFAULT ''"),
+                 ("created_at", "REAL NOT NULL DEFAULT 0"),
+                 ("purpose", "TEXT NOT NULL DEFAULT ''"),
+                 ("expires_at", "INTEGER"))

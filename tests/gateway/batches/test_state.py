@@ -114,7 +114,7 @@ async def test_a_tenants_files_are_listed_in_upload_order_from_a_cursor(
     async def ids(purpose: str | None = None, after: str | None = None, limit: int = 10,
                   newest_first: bool = True) -> list[str]:
         return [f.id for f in await state.file_listing("acme", purpose, after, limit,
-                                                        newest_first)]
+                                                        newest_first, now=1_000.0)]
     assert await ids() == ["file_3", "file_2", "file_1", "file_0"]
     assert await ids(after="file_2", limit=1) == ["file_1"]
     assert await ids(newest_first=False, after="file_1") == ["file_2", "file_3"]
@@ -137,8 +137,27 @@ async def test_a_state_file_from_before_the_files_listing_lists_its_files(
     old.close()
     state = SqliteState(path)
     try:
-        assert [f.id for f in await state.file_listing("acme", None, None, 10, True)] == [
-            "file_1", "file_0"]
+        assert [f.id for f in await state.file_listing(
+            "acme", None, None, 10, True, now=0.0)] == ["file_1", "file_0"]
+        assert await state.expired_files(now=10**10, limit=10) == []  # none had a lifetime
         assert await state.get_file("file_0") is not None
     finally:
         await state.aclose()
+
+
+async def test_an_expired_file_is_no_longer_listed_and_is_handed_to_the_sweep(
+        state: BatchState) -> None:
+    def file(n: int, expires_at: int | None) -> FileObject:
+        return FileObject(id=f"file_{n}", bytes=1, created_at=7, filename="f.jsonl",
+                          purpose="batch", tenant="acme", expires_at=expires_at)
+    await state.put_file(file(0, None))
+    await state.put_file(file(1, 2_000))
+    await state.put_file(file(2, 3_000))
+
+    listed = await state.file_listing("acme", None, None, 10, True, now=2_500.0)
+    assert [f.id for f in listed] == ["file_2", "file_0"]
+    assert [f.id for f in await state.expired_files(now=2_500.0, limit=10)] == ["file_1"]
+    assert [f.id for f in await state.expired_files(now=3_000.0, limit=1)] == ["file_1"]
+    await state.delete_file("file_1")
+    assert [f.id for f in await state.expired_files(now=3_000.0, limit=10)] == ["file_2"]
+    assert (await state.get_file("file_2")) == file(2, 3_000)
