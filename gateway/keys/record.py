@@ -13,9 +13,16 @@ import orjson
 SCOPES = ("admin:read", "admin:write")
 
 
+_last_ms = 0
+
+
 def new_key_id() -> str:
-    """`key_` + 12 hex digits of time (ms) + 8 random: ids sort by creation."""
-    return f"key_{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+    """`key_` + 12 hex digits of time (ms) + 8 random: ids sort by creation. Within a
+    process they strictly increase: a key made in the same millisecond as the one before
+    takes the next millisecond, so its random part cannot sort it first."""
+    global _last_ms
+    _last_ms = max(int(time.time() * 1000), _last_ms + 1)
+    return f"key_{_last_ms:012x}{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True, slots=True)
