@@ -6,8 +6,9 @@ the hot-path probes — a whole JSON response, a streamed one, every request tra
 limits kept in Redis — and divides each by the bare aiohttp proxy's count for the same
 kind of request measured in the same run. The ratio, not the raw count, is compared with
 `bench/baseline.json`: it carries over between machines and interpreter builds that
-change both sides alike. A probe whose ratio grew more than `--tolerance` (5 %) fails
-the run; instruction counts repeat within 1–2 % (docs/benchmarks.md), wall time would not.
+change both sides alike. A probe whose ratio grew more than `--tolerance` (5 %) is
+measured once more and fails the run when the lower of its two runs is still past it;
+instruction counts repeat within 1–2 % (docs/benchmarks.md), wall time would not.
 
 The baseline is updated deliberately, in the commit that justifies the change:
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 
@@ -38,9 +40,9 @@ TOLERANCE = 0.05
 PROBE_TOLERANCE = {"routegate redis": 0.12}
 
 
-def ratios(counts: dict[str, int]) -> dict[str, float]:
-    """Each guarded probe's instructions per request over its bare proxy's."""
-    return {name: counts[name] / counts[PROBES[name].baseline] for name in GUARDED}
+def ratios(counts: dict[str, int], names: Sequence[str] = GUARDED) -> dict[str, float]:
+    """Each probe's instructions per request over its bare proxy's."""
+    return {name: counts[name] / counts[PROBES[name].baseline] for name in names}
 
 
 def regressions(now: dict[str, float], baseline: dict[str, float],
@@ -86,11 +88,26 @@ def main(argv: list[str] | None = None) -> int:
         }, indent=2) + "\n")
         print(f"baseline written to {BASELINE}")
         return 0
+    suspects = [name for name in GUARDED
+                if regressions({name: now[name]}, baseline, args.tolerance)]
+    if suspects:  # measured once more: a regression is past its band in both runs
+        print(f"measuring again: {', '.join(suspects)}")
+        [again] = measure([PROBES[name] for name in suspects], args.requests, rounds=1)
+        now = lower_of(now, ratios(again, suspects))
+        for name in suspects:
+            print(f"  {name:18} {again[name]:>10,}   {now[name]:.3f}× (the lower run)")
     found = regressions(now, baseline, args.tolerance)
     for line in found:
         print(f"REGRESSION {line}")
     print("perf guard: " + ("FAILED" if found else "passed"))
     return 1 if found else 0
+
+
+def lower_of(first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
+    """Each probe's lower ratio of two runs. A regression is in both; the Redis probe's
+    noise (how requests fall into event-loop turns: 1,281,505 and 1,511,281 instructions
+    per request for the same code in two rounds) seldom is."""
+    return {name: min(ratio, second.get(name, ratio)) for name, ratio in first.items()}
 
 
 if __name__ == "__main__":

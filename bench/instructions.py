@@ -26,10 +26,10 @@ limits in a private `redis-server` (what every multi-replica deployment does).
 `--tree LABEL=DIR` adds routegate served from another checkout's source (DIR: a copy of
 the repository with one change undone, say) under the same interpreter and packages,
 so a change is counted against the code without it in one run; a LABEL ending in
-" traced" serves it traced, as "routegate traced" is, and one ending in " stream" sends it
-streamed requests. `--rounds N` measures
-every process N times, interleaved, and prints each round: a difference is past noise
-when the ranges of the rounds do not overlap.
+" traced" serves it traced, as "routegate traced" is, one ending in " stream" sends it
+streamed requests, and one ending in " redis" keeps its limits in Redis. `--rounds N`
+measures every process N times, interleaved, and prints each round: a difference is past
+noise when the ranges of the rounds do not overlap.
 
     .venv/bin/python bench/instructions.py [--requests N] [--rounds N]
         [--only NAME ...] [--tree LABEL=DIR ...]
@@ -194,7 +194,8 @@ def _trees(specs: list[str]) -> list[Probe]:
         if not label or not (Path(folder) / "gateway" / "__main__.py").is_file():
             raise SystemExit(f"--tree {spec!r}: want LABEL=DIR, DIR a copy of the repository")
         probes.append(Probe(label, "routegate", stream=label.endswith(" stream"),
-                            traced=label.endswith(" traced"), tree=Path(folder).resolve()))
+                            traced=label.endswith(" traced"), redis=label.endswith(" redis"),
+                            tree=Path(folder).resolve()))
     return probes
 
 
