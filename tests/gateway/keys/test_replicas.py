@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import redis as sync_redis
 
 from gateway.core.drain import DRAIN
+from gateway.keys.admin import SERVICE
 from gateway.keys.record import KeyRecord
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -32,6 +33,14 @@ async def _until(check: Callable[[], Awaitable[bool]], within_s: float) -> float
             raise AssertionError(f"not within {within_s} s")
         await asyncio.sleep(0.02)
     return time.monotonic() - start
+
+
+async def _until_known(gateway: RunningGateway, key_id: str) -> None:
+    """Until `gateway`'s view of the key store has the key (made on another replica)."""
+    async def known() -> bool:
+        return key_id in gateway.app[SERVICE].view.records
+
+    await _until(known, within_s=2.0)
 
 
 async def test_a_revocation_on_one_replica_is_seen_by_the_other_within_a_second(
@@ -82,6 +91,7 @@ async def test_a_keys_daily_budget_holds_across_replicas(
         redis_server: RedisServer) -> None:
     one, two = await _replicas(start_gateway, openai_upstream, redis_server)
     created = await AdminApi(one.url).create(budget={"usd_per_day": 0.001})
+    await _until_known(two, created["id"])
     assert (await chat(one.url, created["key"]))[0] == 200  # spends it all
     await one.app[DRAIN].wait_idle()  # charged once its last byte was written
     for gateway in (one, two):
@@ -94,7 +104,7 @@ async def test_a_keys_rpm_is_one_limit_across_replicas(
         redis_server: RedisServer) -> None:
     one, two = await _replicas(start_gateway, openai_upstream, redis_server)
     created = await AdminApi(one.url).create(limits={"requests_per_minute": 10})
-    await asyncio.sleep(0.1)  # the other replica's view has it
+    await _until_known(two, created["id"])
     answers = await asyncio.gather(*(chat((one, two)[n % 2].url, created["key"])
                                      for n in range(30)))
     assert sorted(status for status, _ in answers).count(200) == 10
