@@ -1,5 +1,7 @@
 """Batch lines fill spare dedicated capacity only: an interactive request arriving while
-a batch runs finds a free slot at once, and the backend is told which is which."""
+a batch runs finds a free slot at once, and the backend is told which is which. On a
+backend that hears the band the lines hold background slots, so even a full set of
+interactive requests does not wait for them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour
@@ -50,4 +53,33 @@ async def test_interactive_requests_find_free_slots_while_a_batch_runs(
     # the dashboard shows the batch running here, its lines so far all on dedicated capacity
     assert running[created.id]["status"] == "in_progress"
     assert running[created.id]["shared_lines"] == 0 and running[created.id]["total"] == 40
+    await client.batches.cancel(created.id)
+
+
+@pytest.mark.parametrize("background", [True, False])
+async def test_a_full_set_of_interactive_requests_runs_beside_the_batchs_background_slots(
+        start_upstream: StartUpstream, start_gateway: StartGateway, tmp_path: Path,
+        background: bool) -> None:
+    local = await start_upstream(Behaviour(first_byte_delay_s=0.3), name="local")
+    cloud = await start_upstream(name="cloud")
+    gateway = await start_gateway(batch_policy(local.url, cloud.url, tmp_path,
+                                               background_slots=background))
+    client = gateway.openai()
+    created = await submit(client, jsonl(chat_lines(40)))
+    await local.request_seen.wait()
+    await asyncio.sleep(0.1)  # the batch has taken what it may of the dedicated slots
+
+    async with aiohttp.ClientSession() as session:
+        async def one() -> float:
+            async with session.post(gateway.base_url + "/chat/completions",
+                                    json=INTERACTIVE) as response:
+                await response.read()
+                assert response.status == 200
+                return queue_ms(response.headers["Server-Timing"])
+        waited_ms = await asyncio.gather(*(one() for _ in range(LOCAL_SLOTS)))
+
+    if background:  # every interactive slot was free: the lines hold background ones
+        assert max(waited_ms) < 50
+    else:  # the lines hold half of max_concurrency: half the requests waited for them
+        assert sum(ms >= 100 for ms in waited_ms) >= LOCAL_SLOTS // 2
     await client.batches.cancel(created.id)
