@@ -13,10 +13,22 @@ import aiohttp
 import pytest
 
 from tests.conftest import StartGateway, StartUpstream
-from tests.fakes.openai_upstream import Behaviour
+from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.batches.conftest import LOCAL_SLOTS, batch_policy, chat_lines, jsonl, submit
 
 INTERACTIVE = {"model": "chat", "messages": [{"role": "user", "content": "now please"}]}
+
+
+async def lines_in_flight(local: FakeOpenAI, count: int) -> None:
+    """Until `count` batch lines have reached the dedicated backend (each is held there
+    for its first-byte delay)."""
+    for _ in range(500):  # polled: up to 5 s
+        if len(local.received) >= count:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError(f"{len(local.received)} of {count} lines reached the backend")
+    await asyncio.sleep(0.05)  # and no more are coming: the gate holds them back
 
 
 def queue_ms(server_timing: str) -> float:
@@ -32,8 +44,7 @@ async def test_interactive_requests_find_free_slots_while_a_batch_runs(
     gateway = await start_gateway(batch_policy(local.url, cloud.url, tmp_path))
     client = gateway.openai()
     created = await submit(client, jsonl(chat_lines(40)))
-    await local.request_seen.wait()
-    await asyncio.sleep(0.1)  # the batch has taken what it may of the dedicated slots
+    await lines_in_flight(local, LOCAL_SLOTS // 2)  # what the batch may take of the slots
 
     async with aiohttp.ClientSession() as session:
         async def one() -> tuple[int, str]:
@@ -66,8 +77,7 @@ async def test_a_full_set_of_interactive_requests_runs_beside_the_batchs_backgro
                                                background_slots=background))
     client = gateway.openai()
     created = await submit(client, jsonl(chat_lines(40)))
-    await local.request_seen.wait()
-    await asyncio.sleep(0.1)  # the batch has taken what it may of the dedicated slots
+    await lines_in_flight(local, LOCAL_SLOTS // 2)  # what the batch may take of the slots
 
     async with aiohttp.ClientSession() as session:
         async def one() -> float:
