@@ -3,7 +3,7 @@
 Invariants (checked by the property test):
 - `in_flight` counts granted, unreleased tickets, including a waiter whose slot
   was granted but whose task has not resumed yet;
-- someone waits only while every slot is taken;
+- someone waits only while every slot that counts against them is taken;
 - a released slot goes straight to the next waiter, synchronously, so no
   newcomer can take it in between and no slot is ever lost.
 
