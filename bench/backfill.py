@@ -34,12 +34,11 @@ import asyncio
 import io
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import AsyncExitStack, suppress
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,17 @@ import openai
 import orjson
 import yaml
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.backfill_metrics import (
+    by_band,
+    engine_metrics,
+    gateway_queue,
+    queued,
+    sample_running,
+)
+from bench.loadgen import cpu_seconds, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,14 +66,7 @@ TOKENS = 16
 SHARED_S = 0.150
 LOAD = 0.35  # interactive arrivals, as a share of the engine's measured capacity
 CALIBRATE_S = 4.0
-SAMPLE_EVERY_S = 0.25  # the engine's /metrics, read during the trace
 REFERENCE_LINES, REFERENCE_WINDOW_S, REFERENCE_MARGIN_S = 2000, 120.0, 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def wait_ready(url: str, process: asyncio.subprocess.Process, what: str) -> None:
@@ -174,48 +176,6 @@ async def capacity_rps(local_url: str, model: str) -> float:
     return done / (time.perf_counter() - started)
 
 
-async def engine_metrics(session: aiohttp.ClientSession, local_url: str) -> dict[str, float]:
-    """The engine's samples, by `name{band}` (bands apart, models summed)."""
-    async with session.get(local_url.removesuffix("/v1") + "/metrics") as response:
-        text = await response.text()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            band = sample.labels.get("band")
-            key = sample.name if band is None else f"{sample.name}{{{band}}}"
-            out[key] = out.get(key, 0.0) + sample.value
-    return out
-
-
-async def gateway_queue(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:
-    """The gateway's queue waits for the dedicated backend, summed by priority
-    (`{priority}_count`, `{priority}_sum`)."""
-    async with session.get(base_url.removesuffix("/v1") + "/metrics") as response:
-        text = await response.text()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "routegate_queue_wait_seconds":
-            continue
-        for sample in family.samples:
-            kind = sample.name.rsplit("_", 1)[1]
-            if kind in ("count", "sum") and sample.labels.get("backend") == "local":
-                key = f"{sample.labels['priority']}_{kind}"
-                out[key] = out.get(key, 0.0) + sample.value
-    return out
-
-
-async def sample_running(local_url: str, stop: asyncio.Event) -> list[float]:
-    running: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        while not stop.is_set():
-            running.append((await engine_metrics(session, local_url)).get(
-                "vllm:num_requests_running", 0.0))
-            with suppress(TimeoutError):
-                async with asyncio.timeout(SAMPLE_EVERY_S):
-                    await stop.wait()
-    return running
-
-
 async def interactive(base_url: str, model: str, rate: float, seconds: float,
                       seed: int) -> list[float]:
     """TTFT (s) of each streamed request of the open-loop trace."""
@@ -245,12 +205,6 @@ def first_text(line: bytes) -> bool:
         return False
     choices = orjson.loads(line[6:]).get("choices") or [{}]
     return bool(choices[0].get("delta", {}).get("content"))
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -292,7 +246,7 @@ async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
             queue_before = await gateway_queue(session, base_url)
         started = time.perf_counter()
         batch_id = await submit_batch(client, args.lines, args.window) if with_batch else None
-        cpu_before, stop = cpu_s(gateway.pid), asyncio.Event()
+        cpu_before, stop = cpu_seconds(gateway.pid), asyncio.Event()
         sampler = asyncio.create_task(sample_running(local_url, stop))
         ttfts = await interactive(base_url, "chat", rate, args.seconds, seed=11)
         stop.set()
@@ -302,7 +256,8 @@ async def run(args: argparse.Namespace, rate: float | None, with_batch: bool
             queue_after = await gateway_queue(session, base_url)
         result: dict[str, Any] = {
             "rate": rate, "requests": len(ttfts),
-            "gateway_cpu": (cpu_s(gateway.pid) - cpu_before) / (time.perf_counter() - started),
+            "gateway_cpu": (cpu_seconds(gateway.pid) - cpu_before)
+            / (time.perf_counter() - started),
             "ttft_p50_ms": percentile(ttfts, 0.50) * 1000,
             "ttft_p95_ms": percentile(ttfts, 0.95) * 1000,
             "busy_share": statistics.fmean(running) / SLOTS,
@@ -329,30 +284,6 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
     except TimeoutError:
         process.kill()
         await process.wait()
-
-
-def by_band(engine: dict[str, float]) -> str:
-    """Mean engine queue wait and preemptions per band asked for, during the trace."""
-    parts = []
-    for band in sorted({key.rsplit("{", 1)[1].rstrip("}") for key in engine if "{" in key}):
-        count = engine.get(f"routegate:request_queue_time_seconds_by_band_count{{{band}}}", 0)
-        waited = engine.get(f"routegate:request_queue_time_seconds_by_band_sum{{{band}}}", 0)
-        preempted = engine.get(f"routegate:num_preemptions_by_band_total{{{band}}}", 0)
-        if count:
-            parts.append(f"band {band}: {count:.0f} admitted, mean wait "
-                         f"{waited / count * 1000:.1f} ms, {preempted:.0f} preempted")
-    return "; ".join(parts) or "none"
-
-
-def queued(waits: dict[str, float]) -> str:
-    """Mean wait for a gateway slot per priority, during the trace."""
-    parts = []
-    for priority in sorted({key.rsplit("_", 1)[0] for key in waits}):
-        count = waits.get(f"{priority}_count", 0.0)
-        if count:
-            parts.append(f"{priority}: {count:.0f} requests, mean wait "
-                         f"{waits.get(f'{priority}_sum', 0.0) / count * 1000:.1f} ms")
-    return "; ".join(parts) or "none"
 
 
 def report(alone: dict[str, Any], both: dict[str, Any], window: str) -> None:
