@@ -119,18 +119,17 @@ class SqliteState:
     async def file_listing(self, tenant: str, purpose: str | None, after: str | None,
                            limit: int, newest_first: bool, now: float) -> list[FileObject]:
         order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-        where = "f.tenant = ? AND (f.expires_at IS NULL OR f.expires_at > ?)"
+        where = ["tenant = ?", "(expires_at IS NULL OR expires_at > ?)"]
         args: list[object] = [tenant, now]
         if purpose is not None:
-            where += " AND f.purpose = ?"
+            where.append("purpose = ?")
             args.append(purpose)
-        if after is not None:  # the cursor must be the tenant's own file
-            where += (f" AND f.created_at {beyond}= a.created_at AND (f.created_at {beyond} "
-                      f"a.created_at OR f.id {beyond} a.id)")
-            args = [after, tenant, *args]
-        query = ("SELECT f.data FROM files f" + (", files a WHERE a.id = ? AND a.tenant = ? "
-                                                  "AND " if after is not None else " WHERE ")
-                 + where + f" ORDER BY f.created_at {order}, f.id {order} LIMIT ?")
+        if after is not None:  # the cursor: the tenant's own file (else none: NULL)
+            where.append(f"(created_at, id) {beyond} (SELECT created_at, id FROM files "
+                         "WHERE id = ? AND tenant = ?)")
+            args += [after, tenant]
+        query = (f"SELECT data FROM files WHERE {' AND '.join(where)} "
+                 f"ORDER BY created_at {order}, id {order} LIMIT ?")
         rows = await self._run(lambda db: db.execute(query, (*args, limit)).fetchall())
         return [FileObject(**orjson.loads(data)) for (data,) in rows]
 

@@ -31,6 +31,7 @@ class QueueSnapshot:
     key: str
     limit: int | None
     in_flight: int
+    background: Priority | None  # the band run in the background here (SlotQueue)
     background_in_flight: int  # of in_flight: slots held in the background band
     waiting: int
     waiting_by_priority: Mapping[Priority, int]
@@ -146,7 +147,8 @@ class BackendQueues:
         queue = self._queue(key)
         return QueueSnapshot(
             key=key, limit=queue.limit, in_flight=queue.in_flight,
-            background_in_flight=queue.background_in_flight, waiting=queue.waiting,
+            background=queue.background, background_in_flight=queue.background_in_flight,
+            waiting=queue.waiting,
             waiting_by_priority=queue.waiting_by_priority(),
             mean_service_s=queue.mean_service_s,
             predicted_wait_s={p: queue.predicted_wait_s(p) for p in PRIORITIES},

@@ -78,7 +78,7 @@ async def run(ops: list[tuple], start_limit: int, max_waiting: int,
         waiting = [p for p, n in snapshot.waiting_by_priority.items() if n]
         if waiting:
             counted = snapshot.in_flight
-            if waiting[0] != "batch" and queues._queue("local").background == "batch":
+            if waiting[0] != "batch" and snapshot.background == "batch":
                 counted -= snapshot.background_in_flight
             assert counted >= current_limit
     for task in h.tasks.values():

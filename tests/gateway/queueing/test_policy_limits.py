@@ -167,6 +167,6 @@ backends:
       demo: {{}}
       big: {{max_concurrency: 2}}
 """, environ={}))
-    assert queues._queue("local").background == background
-    assert queues._queue("local/big").background == background
-    assert queues._queue("local/demo").background is None  # no queue of its own
+    assert queues.snapshot("local").background == background
+    assert queues.snapshot("local/big").background == background
+    assert "local/demo" not in queues.snapshots()  # no queue of its own
