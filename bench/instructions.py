@@ -260,17 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and set(args.only) - set(known):
         parser.error(f"--only: choose from {list(known)}")
     chosen = [known[name] for name in (args.only or [*DEFAULT, *(t.name for t in trees)])]
-    report(measure(chosen, args.requests, args.rounds), args.requests)
+    report(measure(chosen, args.requests, args.rounds), args.requests, known)
     return 0
 
 
-def report(rounds: list[dict[str, int]], requests: int) -> None:
+def report(rounds: list[dict[str, int]], requests: int,
+           probes: dict[str, Probe] = PROBES) -> None:
     print(f"\ninstructions per request, {requests} requests at concurrency {CONCURRENCY}, "
           f"{len(rounds)} round(s)")
     print(f"{'':20}{'instructions (each round)':>40}{'bare / this':>14}{'vs routegate':>22}")
     for name in rounds[0]:
         each = [one[name] for one in rounds]
-        bare = known_baseline(name)
+        bare = probes[name].baseline
         ratio = sorted(one[bare] / one[name] for one in rounds)
         line = (f"{name:20}{', '.join(f'{n:,}' for n in each):>40}"
                 f"{_span(ratio, '{:.2f}'):>14}")
@@ -278,11 +279,6 @@ def report(rounds: list[dict[str, int]], requests: int) -> None:
             change = sorted(100 * (one[name] / one["routegate"] - 1) for one in rounds)
             line += f"{_span(change, '{:+.1f} %'):>22}"
         print(line)
-
-
-def known_baseline(name: str) -> str:
-    probe = PROBES.get(name)
-    return probe.baseline if probe is not None else BARE
 
 
 def _span(values: list[float], form: str) -> str:

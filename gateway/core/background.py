@@ -1,8 +1,11 @@
-"""A task that runs for the app's lifetime, owned by `app.cleanup_ctx`."""
+"""A task that runs for the app's lifetime, owned by `app.cleanup_ctx`, and what such a
+task sleeps on between its due times."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -20,3 +23,26 @@ def run_while_serving(app: web.Application, name: str,
         await asyncio.wait([task])  # waits for it to end without taking its CancelledError
 
     app.cleanup_ctx.append(lifetime)
+
+
+class Wakeup:
+    """What a background loop sleeps on between its due times: `wait` ends when the
+    time is up or, sooner, when something the loop reads changed (`set`)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """At most `timeout_s` (`math.inf`: until `set`); a `set` that came while the
+        loop was busy ends it at once."""
+        event = self._event
+        if not event.is_set() and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if timeout_s == math.inf else timeout_s):
+                    await event.wait()
+        event.clear()

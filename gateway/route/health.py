@@ -10,13 +10,16 @@ failures in a row take them down (routing's `backend_unhealthy`), `healthy_thres
 passes in a row bring them back, and a check is the probe of a target whose ejection
 time is up. Each check
 is bounded by its timeout and at most one runs per backend at a time; the loop is owned
-by the app's `cleanup_ctx`.
+by the app's `cleanup_ctx`. Between checks it sleeps until the next one is due, woken
+early by a policy swap or a check that ends (not a 10 Hz poll: an idle gateway stays
+idle).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from gateway.core.background import run_while_serving
+from gateway.core.background import Wakeup, run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.core.log_text import escaped
 from gateway.upstream.pool import UpstreamPool
@@ -34,7 +37,7 @@ from routing.outliers import Ejections
 
 log = logging.getLogger("routegate.backend_health")
 
-TICK_S = 0.1  # how often the loop looks for checks that are due
+RETRY_S = 0.1  # how soon a backend that has no client yet (launching) is looked at again
 
 
 @dataclass(slots=True)
@@ -85,6 +88,8 @@ class HealthChecker:
         self.live, self.pool, self.ejections = live, pool, ejections
         self.backends: dict[str, BackendHealth] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
+        self.wakeup = Wakeup()  # a swap or a finished check: look at what is due now
+        live.on_swap(lambda _: self.wakeup.set())
 
     def report(self, now: float) -> dict[str, dict[str, Any]]:
         return {name: health.to_dict(now) for name, health in sorted(self.backends.items())}
@@ -94,22 +99,27 @@ class HealthChecker:
         return {name: health.last_error or "failing its health checks"
                 for name, health in self.backends.items() if not health.healthy}
 
-    def start_due(self, session: aiohttp.ClientSession, now: float) -> None:
+    def start_due(self, session: aiohttp.ClientSession, now: float) -> float:
+        """Start the checks due at `now`; when the next one not running is due."""
         policy = self.live.current
+        next_due = math.inf
         for name, backend in policy.file.backends.items():
             if not backend.enabled or not checks_enabled(backend) or name in self._running \
                     or backend.is_fleet:  # checked per replica (replica_watch.py)
                 continue
             health = self.backends.setdefault(name, BackendHealth())
             if now < health.due_at:
+                next_due = min(next_due, health.due_at)
                 continue
             adapter = self.pool.get(name, backend)
             if adapter is None:  # a launched backend not up yet: the supervisor's to report
+                next_due = min(next_due, now + RETRY_S)
                 continue
             health.due_at = now + backend.health_check.interval_s
             task = asyncio.create_task(self.check(session, name, backend, adapter.base_url))
             self._running[name] = task
             task.add_done_callback(self._finished)
+        return next_due
 
     async def check(self, session: aiohttp.ClientSession, name: str, backend: Backend,
                     base_url: str) -> None:
@@ -129,6 +139,7 @@ class HealthChecker:
         for name, running in list(self._running.items()):
             if running is task:
                 del self._running[name]
+        self.wakeup.set()  # its next check is due from now on
 
     def record(self, name: str, backend: Backend, error: str | None, now: float) -> None:
         health = self.backends.setdefault(name, BackendHealth())
@@ -157,8 +168,8 @@ class HealthChecker:
         async with aiohttp.ClientSession() as session:
             try:
                 while True:
-                    self.start_due(session, time.monotonic())
-                    await asyncio.sleep(TICK_S)
+                    now = time.monotonic()
+                    await self.wakeup.wait(self.start_due(session, now) - now)
             finally:
                 running = list(self._running.values())
                 for task in running:

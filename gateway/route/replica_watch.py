@@ -10,13 +10,16 @@ gone leaves. The best replica's load (the least busy in service) is what routing
 statistics see for the backend's targets, so the predicted TTFT of a fleet is that of
 the replica a request would go to.
 
-Each poll is bounded by its timeout; the loop is owned by the app's `cleanup_ctx`.
+Each poll is bounded by its timeout; the loop is owned by the app's `cleanup_ctx` and
+sleeps until the next poll or lookup is due (or a policy swap), so it costs nothing
+where no backend is a fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from gateway.core.background import run_while_serving
+from gateway.core.background import Wakeup, run_while_serving
 from gateway.core.live_policy import LivePolicy
 from gateway.route.health import check_url
 from gateway.route.hook import RoutingHook
@@ -41,7 +44,6 @@ from routing.stats import LiveStats
 log = logging.getLogger("routegate.replicas")
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
-TICK_S = 0.1
 
 
 async def resolve_all(host: str, port: int) -> list[str]:
@@ -68,19 +70,28 @@ class FleetWatcher:
         self.live, self.fleets, self.stats, self.resolver = live, fleets, stats, resolver
         self._due: dict[tuple[str, str], float] = {}  # (backend, poll|resolve) → when
         self._checks: dict[str, tuple[int, int, bool]] = {}  # replica → passes, fails, up
+        self.wakeup = Wakeup()  # a policy swap may bring a fleet: look at once
+        live.on_swap(lambda _: self.wakeup.set())
 
-    async def tick(self, session: aiohttp.ClientSession, now: float) -> None:
+    async def tick(self, session: aiohttp.ClientSession, now: float) -> float:
+        """Resolve and poll what is due at `now`; when the next of them is due."""
         jobs = []
+        next_due = math.inf
         for name, fleet in list(self.fleets.fleets.items()):
             settings = fleet.backend.fleet
-            if fleet.backend.resolve == "all" and now >= self._due.get((name, "resolve"), 0.0):
-                self._due[(name, "resolve")] = now + settings.resolve_interval_s
-                jobs.append(self.resolve(fleet))
-            if now >= self._due.get((name, "poll"), 0.0):
-                self._due[(name, "poll")] = now + settings.poll_interval_s
-                jobs.append(self.poll(session, fleet))
+            kinds = ("resolve", "poll") if fleet.backend.resolve == "all" else ("poll",)
+            for kind in kinds:
+                due = self._due.get((name, kind), 0.0)
+                if now >= due:
+                    interval_s = (settings.resolve_interval_s if kind == "resolve"
+                                  else settings.poll_interval_s)
+                    due = self._due[(name, kind)] = now + interval_s
+                    jobs.append(self.resolve(fleet) if kind == "resolve"
+                                else self.poll(session, fleet))
+                next_due = min(next_due, due)
         if jobs:
             await asyncio.gather(*jobs)
+        return next_due
 
     async def resolve(self, fleet: Fleet) -> None:
         url = fleet.backend.url
@@ -159,8 +170,8 @@ class FleetWatcher:
     async def run(self) -> None:
         async with aiohttp.ClientSession() as session:
             while True:
-                await self.tick(session, time.monotonic())
-                await asyncio.sleep(TICK_S)
+                next_due = await self.tick(session, time.monotonic())
+                await self.wakeup.wait(next_due - time.monotonic())
 
 
 FLEETS = web.AppKey("routegate.fleets", Fleets)

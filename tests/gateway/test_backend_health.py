@@ -7,8 +7,9 @@ from typing import Any
 
 import aiohttp
 
+from gateway.app import LIVE_POLICY
 from gateway.core.auth import key_hash
-from tests.conftest import RunningGateway, StartGateway, StartUpstream
+from tests.conftest import RunningGateway, StartGateway, StartUpstream, as_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 
 ADMIN_KEY = "admin-key-for-tests"
@@ -88,3 +89,28 @@ async def test_an_enabled_shared_api_is_checked_with_a_cheap_authenticated_model
                                checks={**QUICK_CHECKS, "enabled": True}))
     await asyncio.sleep(0.3)
     assert first.gets and set(first.gets) == {("/v1/models", "Bearer sk-test")}
+
+
+async def test_checks_keep_their_interval(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first, second = await start_upstream(name="first"), await start_upstream(name="second")
+    await start_gateway(policy(first.url, second.url, checks={**QUICK_CHECKS,
+                                                               "interval_s": 0.25}))
+    await asyncio.sleep(1.0)
+    # due at 0, 0.25, 0.5, 0.75 (and 1.0 on a slow machine): never more often
+    assert 3 <= len(first.gets) <= 5
+
+
+async def test_a_backend_a_reload_brings_is_checked_at_once(
+        start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
+    first, second = await start_upstream(name="first"), await start_upstream(name="second")
+    gateway = await start_gateway(policy(first.url, second.url, deployment="shared"))
+    await asyncio.sleep(0.2)  # nothing to check: the loop sleeps until the policy changes
+    assert first.gets == []
+    gateway.app[LIVE_POLICY].swap(as_policy(policy(first.url, second.url, checks={
+        **QUICK_CHECKS, "interval_s": 60.0})))
+
+    async def checked() -> bool:
+        return bool(first.gets)
+
+    await until(checked, timeout_s=0.5)
