@@ -52,16 +52,9 @@ def limit_tenant(key_id: str) -> str:
     return f"key:{key_id}"
 
 
-def spend_key(ctx: RequestContext, view: KeyView) -> str:
-    """Who to charge in the spend ledger: a managed key's id, a policy key's hash
-    prefix, or "" for anonymous callers."""
-    identity = ctx.identity
-    if identity.key_hash is None:
-        return ""
-    managed = view.entry(identity.key_hash)
-    if managed is not None:
-        return managed.record.id
-    return "policy:" + identity.key_hash.removeprefix("sha256:")[:12]
+def policy_spend_key(digest: str) -> str:
+    """How the spend ledger names a policy-file key: its hash's first 12 hex digits."""
+    return "policy:" + digest.removeprefix("sha256:")[:12]
 
 
 def _allowed(record: KeyRecord, ctx: RequestContext) -> bool:
@@ -85,10 +78,15 @@ class KeyAdmission:
         self._clock = clock
 
     async def admit(self, ctx: RequestContext) -> KeyAdmitted:
-        identity = ctx.identity
-        managed = self.view.entry(identity.key_hash) if identity.key_hash is not None else None
-        if managed is None:
-            return KeyAdmitted(self, await self.inner.admit(ctx), None)
+        """Who is charged in the spend ledger: a managed key's id, a policy key's hash
+        prefix, or "" for anonymous callers."""
+        digest = ctx.identity.key_hash
+        if digest is None:
+            return KeyAdmitted(self, await self.inner.admit(ctx), None, "")
+        managed = self.view.entry(digest)
+        if managed is None:  # a policy-file key
+            return KeyAdmitted(self, await self.inner.admit(ctx), None,
+                               policy_spend_key(digest))
         record = managed.record
         if not _allowed(record, ctx):
             raise ModelNotFound(f"The model '{ctx.record.requested_model}' does not exist "
@@ -96,9 +94,9 @@ class KeyAdmission:
                                 "not use it.", param="model")
         tenant = await self.inner.admit(ctx)
         if not record.limited:
-            return KeyAdmitted(self, tenant, None)
+            return KeyAdmitted(self, tenant, None, record.id)
         try:
-            return KeyAdmitted(self, tenant, await self._admit_key(ctx, record))
+            return KeyAdmitted(self, tenant, await self._admit_key(ctx, record), record.id)
         except (GatewayError, asyncio.CancelledError):
             if tenant is not None:
                 await tenant.settle(ctx)  # nothing used: the tenant's tokens come back
@@ -141,11 +139,12 @@ class KeyAdmitted:
     """The tenant's admission (settled first: it charges `record.cost_micros`, what every
     report reads) and the key's own reservation, if it has limits."""
 
-    __slots__ = ("admission", "reservation", "tenant")
+    __slots__ = ("admission", "reservation", "spend_key", "tenant")
 
     def __init__(self, admission: KeyAdmission, tenant: Admitted | None,
-                 reservation: Reservation | None) -> None:
+                 reservation: Reservation | None, spend_key: str) -> None:
         self.admission, self.tenant, self.reservation = admission, tenant, reservation
+        self.spend_key = spend_key
 
     async def settle(self, ctx: RequestContext) -> None:
         if self.tenant is None:
@@ -157,11 +156,11 @@ class KeyAdmitted:
             input_tokens, output_tokens = actual_tokens(ctx)
             cost = ctx.record.cost_micros or 0
             attempt = ctx.attempt
-            owner.ledger.add(ctx.identity.tenant, spend_key(ctx, owner.view),
-                             ctx.record.requested_model, ctx.record.route or "",
+            record = ctx.record
+            owner.ledger.add(ctx.identity.tenant, self.spend_key, record.requested_model,
+                             record.route or "",
                              attempt.target.backend_name if attempt is not None else "",
-                             input_tokens=input_tokens, output_tokens=output_tokens,
-                             cost_micros=cost)
+                             input_tokens, output_tokens, cost)
             if self.reservation is not None:  # the key's own windows and budgets
                 await self._settle_key(ctx, input_tokens, output_tokens, cost)
 

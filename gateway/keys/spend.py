@@ -48,7 +48,7 @@ class SpendLedger:
             self._day_cache = (bucket, datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d"))
         return self._day_cache[1]
 
-    def add(self, tenant: str, key: str, model: str, route: str, backend: str, *,
+    def add(self, tenant: str, key: str, model: str, route: str, backend: str,
             input_tokens: int, output_tokens: int, cost_micros: int) -> None:
         dims = (self.day(self._clock()), tenant, key, model, route, backend)
         row = self._pending.get(dims)
