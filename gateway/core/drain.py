@@ -49,20 +49,16 @@ class Drain:
     def begin(self) -> None:
         self.draining = True
 
-    # `Observer`: the pipeline calls these from the request's own task.
+    # `Observer`: the pipeline calls these from the request's own task (`request.task`).
     def request_started(self, ctx: RequestContext) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._running.add(task)
-            self._idle.clear()
+        self._running.add(ctx.request.task)
+        self._idle.clear()
 
     def attempt_finished(self, ctx: RequestContext, attempt: Attempt) -> None:
         return None
 
     def request_finished(self, ctx: RequestContext) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._running.discard(task)
+        self._running.discard(ctx.request.task)
         if not self._running:
             self._idle.set()
 
