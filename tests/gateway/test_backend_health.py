@@ -11,6 +11,7 @@ from gateway.app import LIVE_POLICY
 from gateway.core.auth import key_hash
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, as_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+from tests.waiting import until
 
 ADMIN_KEY = "admin-key-for-tests"
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
@@ -39,14 +40,6 @@ async def served_by(gateway: RunningGateway, first: FakeOpenAI) -> bool:
     before = len(first.received)
     await gateway.openai().chat.completions.create(**BODY)
     return len(first.received) > before
-
-
-async def until(condition: Any, timeout_s: float = 3.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if await condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the condition never held")
 
 
 async def test_a_backend_failing_its_health_checks_leaves_routing_and_comes_back(

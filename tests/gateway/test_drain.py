@@ -6,7 +6,7 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import yaml
 from gateway.launch.supervisor import free_port
 from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.waiting import until
 
 STREAM = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -73,14 +74,6 @@ async def read_stream(url: str) -> list[bytes]:
         assert response.status == 200
         body = await response.read()
     return [event for event in body.split(b"\n\n") if event.startswith(b"data: ")]
-
-
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition did not hold in time")
 
 
 def error_of(events: list[bytes]) -> dict[str, object] | None:

@@ -9,7 +9,7 @@ import signal
 import stat
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tests.conftest import single_backend_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.telemetry.otlp_receiver import OtlpReceiver, start_http
 from tests.procfs import children_of
+from tests.waiting import until
 
 CHILD = str(Path(__file__).parents[1] / "fakes" / "child_backend.py")
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -125,14 +126,6 @@ async def traced_on_every_worker(port: int, workers: set[int]) -> dict[int, set[
     return served
 
 
-async def until(condition: Callable[[], bool], within_s: float = 20.0) -> None:
-    for _ in range(int(within_s / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the condition did not hold in time")
-
-
 async def wait_ready(url: str) -> None:
     async with aiohttp.ClientSession() as session, asyncio.timeout(30):
         while True:
@@ -176,7 +169,7 @@ async def serve_workers(tmp_path: Path) -> AsyncIterator[Any]:
         processes.append(process)
         url = f"http://127.0.0.1:{port}"
         await wait_ready(url)
-        await until(lambda: len(worker_pids(process.pid)) == workers)
+        await until(lambda: len(worker_pids(process.pid)) == workers, 20.0)
         return process, url, path
 
     yield start
@@ -209,7 +202,7 @@ async def test_a_worker_that_dies_is_started_again(serve_workers, openai_upstrea
     before = worker_pids(process.pid)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
-    await until(lambda: len(worker_pids(process.pid) - {victim}) == 2)
+    await until(lambda: len(worker_pids(process.pid) - {victim}) == 2, 20.0)
     assert victim not in worker_pids(process.pid)
     await wait_ready(url)
     assert await post_each_on_its_own_connection(url, 20) == {200: 20}
@@ -253,7 +246,7 @@ async def test_a_launched_backend_is_started_once_for_all_workers(tmp_path: Path
     running = asyncio.create_task(supervisor.run())
     try:
         await wait_ready(f"http://127.0.0.1:{port}")
-        await until(lambda: len(supervisor.workers) == 2)
+        await until(lambda: len(supervisor.workers) == 2, 20.0)
         await wait_ready(f"http://127.0.0.1:{port}")
         statuses = await post_each_on_its_own_connection(f"http://127.0.0.1:{port}", 20)
         assert statuses == {200: 20}
@@ -285,7 +278,7 @@ async def test_launched_replicas_are_started_once_and_every_worker_picks_among_t
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_ready(url)
-        await until(lambda: len(supervisor.workers) == 2)
+        await until(lambda: len(supervisor.workers) == 2, 20.0)
         await wait_ready(url)
         assert await post_each_on_its_own_connection(url, 20) == {200: 20}
         launched = [pid for pid in children_of(os.getpid()) if CHILD in command_of(pid)]

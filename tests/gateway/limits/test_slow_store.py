@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
@@ -26,6 +26,7 @@ from tests.conftest import StartGateway, StartUpstream
 from tests.delay_proxy import DelayProxy
 from tests.gateway.limits.test_gateway_limits import ADMIN_KEY, MESSAGES, limited_policy
 from tests.redis_server import RedisServer
+from tests.waiting import until
 
 SCOPES = (Scope("tenant", 10**6, None),)
 # out once the p99 stayed over 50 ms through two clock seconds in a row: within 2 s
@@ -71,13 +72,6 @@ def metric(store: FailoverStore, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return sample.value
     raise AssertionError(f"no {name}{labels}")
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("on_error", ["fail_open", "fail_closed"])

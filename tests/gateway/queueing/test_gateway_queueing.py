@@ -11,6 +11,7 @@ from gateway.core.auth import key_hash
 from gateway.queueing.http import QUEUES
 from tests.conftest import RunningGateway, StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+from tests.waiting import until
 
 # Declared speeds that make the prior hold time tiny (admit) or ~5 s (refuse at once).
 FAST_PRIORS = {"network_ms": 1, "decode_tokens_per_s": 1_000_000}
@@ -118,18 +119,17 @@ async def test_deadline_passing_in_the_queue_answers_504_saying_how_long_it_wait
 
 async def test_client_that_disconnects_while_queued_never_reaches_the_upstream(
         start_upstream: StartUpstream, start_gateway: StartGateway) -> None:
-    fake = await start_upstream(Behaviour(first_byte_delay_s=0.5))
+    fake = await start_upstream(Behaviour(first_byte_delay_s=1.5))
     gateway = await start_gateway(policy({"local": backend(fake.url)}))
     queues = gateway.app[QUEUES]
     holder = asyncio.create_task(post(gateway, "holder"))
     await fake.request_seen.wait()
-    gone = asyncio.create_task(post(gateway, "gone", timeout_s=0.15))
-    await asyncio.sleep(0.05)
-    assert queues.waiting("local") == 1
+    gone = asyncio.create_task(post(gateway, "gone", timeout_s=0.5))
+    await until(lambda: queues.waiting("local") == 1, 0.5)
     with pytest.raises(TimeoutError):  # the client gives up and closes its connection
         await gone
-    await asyncio.sleep(0.05)  # the gateway notices the closed connection
-    assert queues.waiting("local") == 0
+    await until(lambda: queues.waiting("local") == 0, 0.5)  # the gateway notices
+    assert not holder.done()  # the slot was still held: "gone" left from the queue
     await holder
     assert contents(fake) == ["holder"]
     assert queues.snapshot("local").counters.cancelled == 1

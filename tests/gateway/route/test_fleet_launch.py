@@ -3,25 +3,18 @@ restarted on its own; the backend is up while any one of them is."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from gateway.app import SUPERVISOR
 from gateway.route.replica_watch import FLEETS
 from gateway.settings import Settings
 from tests.conftest import StartGateway
+from tests.waiting import until
 
 CHILD = str(Path(__file__).resolve().parents[2] / "fakes" / "child_backend.py")
-
-
-async def until(condition: Any, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
 
 
 async def test_each_launched_replica_is_its_own_child_and_comes_back_on_its_own(

@@ -39,6 +39,7 @@ from tests.conftest import StartUpstream
 from tests.fakes.anthropic_upstream import AnthropicBehaviour, FakeAnthropic
 from tests.fakes.openai_upstream import Behaviour
 from tests.fakes.raw_backend import CLOSE, Pause, Piece, RawBackend
+from tests.waiting import until
 
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 MESSAGES = b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
@@ -133,7 +134,7 @@ async def test_no_free_connection_in_time_is_a_pool_timeout(raw: list[RawBackend
     adapter = OpenAIUpstream("b", backend(url, max_connections=1, timeouts={
         **QUICK, "first_byte_s": 2.0, "pool_wait_s": 0.2}), url)
     holding = asyncio.ensure_future(adapter.open("/chat/completions", CHAT))
-    await asyncio.sleep(0.05)  # the one connection is taken
+    await until(lambda: raw[-1].requests == 1)  # the one connection is taken
 
     failure = await failure_of(adapter)
 
