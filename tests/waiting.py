@@ -11,16 +11,16 @@ from collections.abc import Awaitable, Callable
 
 
 async def until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0,
-                *, every_s: float = 0.01) -> None:
-    """Return once `condition()` (a plain or async callable) holds; `AssertionError`
+                *, every_s: float = 0.01) -> float:
+    """The seconds until `condition()` (a plain or async callable) held; `AssertionError`
     if it still does not after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
     while True:
         held = condition()
         if inspect.isawaitable(held):
             held = await held
         if held:
-            return
-        if time.monotonic() >= deadline:
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout_s:
             raise AssertionError(f"the condition did not hold within {timeout_s:g} s")
         await asyncio.sleep(every_s)

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import orjson
 
+from gateway.keys.admin import SERVICE
 from gateway.settings import Settings
 from tests.conftest import StartGateway
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.keys.admin_client import POLICY_KEY, AdminApi, chat, keys_policy, sha
+from tests.waiting import until
 
 
 async def test_a_created_key_works_at_once_and_only_its_hash_is_stored(
@@ -147,7 +149,7 @@ async def test_workers_sharing_the_embedded_store_see_a_revocation_within_a_seco
     one = await start_gateway(keys_policy(openai_upstream.url), settings)
     two = await start_gateway(keys_policy(openai_upstream.url), settings)
     created = await AdminApi(one.url).create()
-    await asyncio.sleep(0.6)  # one check interval
+    await until(lambda: created["id"] in two.app[SERVICE].view.records)  # its next check
     assert (await chat(two.url, created["key"]))[0] == 200
     assert (await AdminApi(one.url).call("POST", f"/admin/keys/{created['id']}/revoke"))[0] \
         == 200

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import redis as sync_redis
 
@@ -17,6 +16,7 @@ from tests.conftest import RunningGateway, StartGateway
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.keys.admin_client import POLICY_KEY, AdminApi, chat, keys_policy
 from tests.redis_server import RedisServer
+from tests.waiting import until
 
 
 async def _replicas(start_gateway: StartGateway, upstream: FakeOpenAI, redis: RedisServer,
@@ -25,22 +25,12 @@ async def _replicas(start_gateway: StartGateway, upstream: FakeOpenAI, redis: Re
     return await start_gateway(policy), await start_gateway(policy)
 
 
-async def _until(check: Callable[[], Awaitable[bool]], within_s: float) -> float:
-    """Seconds until `await check()` is true (AssertionError past `within_s`)."""
-    start = time.monotonic()
-    while not await check():
-        if time.monotonic() - start > within_s:
-            raise AssertionError(f"not within {within_s} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - start
-
-
 async def _until_known(gateway: RunningGateway, key_id: str) -> None:
     """Until `gateway`'s view of the key store has the key (made on another replica)."""
     async def known() -> bool:
         return key_id in gateway.app[SERVICE].view.records
 
-    await _until(known, within_s=2.0)
+    await until(known, 2.0)
 
 
 async def test_a_revocation_on_one_replica_is_seen_by_the_other_within_a_second(
@@ -52,14 +42,14 @@ async def test_a_revocation_on_one_replica_is_seen_by_the_other_within_a_second(
     async def works_on_two() -> bool:
         return (await chat(two.url, created["key"]))[0] == 200
 
-    await _until(works_on_two, within_s=1.0)
+    await until(works_on_two, 1.0)
     status, _ = await AdminApi(one.url).call("POST", f"/admin/keys/{created['id']}/revoke")
     assert status == 200
 
     async def refused_on_two() -> bool:
         return (await chat(two.url, created["key"]))[0] == 401
 
-    assert await _until(refused_on_two, within_s=1.0) < 1.0
+    assert await until(refused_on_two, 1.0) < 1.0
 
 
 async def test_a_revocation_is_seen_without_notifications_by_the_periodic_check(
@@ -83,7 +73,7 @@ async def test_a_revocation_is_seen_without_notifications_by_the_periodic_check(
         return ((await chat(one.url, created["key"]))[0] == 401
                 and (await chat(two.url, created["key"]))[0] == 401)
 
-    assert await _until(refused_on_both, within_s=1.0) < 1.0
+    assert await until(refused_on_both, 1.0) < 1.0
 
 
 async def test_a_keys_daily_budget_holds_across_replicas(
@@ -128,7 +118,7 @@ async def test_with_redis_down_managed_keys_fail_closed_and_policy_keys_work(
     async def works_again() -> bool:
         return (await chat(gateway.url, created["key"]))[0] == 200
 
-    await _until(works_again, within_s=3.0)
+    await until(works_again, 3.0)
 
 
 async def test_with_redis_down_fail_open_serves_keys_as_last_known(
