@@ -11,7 +11,7 @@ from time import time_ns
 from typing import Any
 
 from gateway.core.record import ERROR_TEXT_CHARS, RequestRecord, StepRecord
-from gateway.core.timing import RequestTimings
+from gateway.core.timing import RequestTimings, as_ms
 from gateway.telemetry.metric_series import GaugeSeries
 
 QUEUE_STEP = "routegate.queue.wait"
@@ -52,7 +52,7 @@ class QueuedSlot:
         if step is None:
             return
         step.end_ns = time_ns()
-        step.waited_ms = round(waited_s * 1000.0, 3)
+        step.waited_ms = as_ms(waited_s)
         if exc is not None:
             step.error_type = type(exc).__name__
             step.error_text = str(exc)[:ERROR_TEXT_CHARS]
