@@ -154,12 +154,13 @@ class LiveStats:
         """An attempt got its slot and is sent; `queued`: it had waited (`request_queued`)."""
         values, _ = self._update(key)
         values["in_flight"] = values["in_flight"] + 1
-        if queued:
-            values["queue_depth"] = max(0, values["queue_depth"] - 1)
+        if queued and values["queue_depth"] > 0:
+            values["queue_depth"] = values["queue_depth"] - 1
 
     def request_finished(self, key: str) -> None:
         values, _ = self._update(key)
-        values["in_flight"] = max(0, values["in_flight"] - 1)
+        if values["in_flight"] > 0:
+            values["in_flight"] = values["in_flight"] - 1
 
     def set_backend_load(self, key: str, now: float, *, waiting: int | None,
                          running: int | None, kv_cache_use: float | None = None) -> None:
@@ -241,7 +242,7 @@ class LiveStats:
     def record_output_tokens(self, route: str, tokens: int) -> None:
         """Completion length of a finished request: the route's running mean."""
         mean, count = self._output_mean.get(route, (0.0, 0))
-        count = min(count + 1, OUTPUT_MEAN_HORIZON)
+        count = count + 1 if count < OUTPUT_MEAN_HORIZON else OUTPUT_MEAN_HORIZON
         self._output_mean[route] = (mean + (tokens - mean) / count, count)
         self._snapshot = None
 

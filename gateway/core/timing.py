@@ -211,7 +211,8 @@ class RequestTimings:
         else:
             other, other_ms = (), 0.0
         # gw is the remainder of the rounded figures, so the parts add up exactly.
-        gw_ms = round(max(total_ms - queue_ms - upstream_ms - other_ms, 0.0) * 1000.0) / 1000.0
+        gw_ms = total_ms - queue_ms - upstream_ms - other_ms
+        gw_ms = round(gw_ms * 1000.0) / 1000.0 if gw_ms > 0.0 else 0.0
         split = TimingSplit(
             gw_ms, queue_ms, upstream_ms, total_ms, self.ttft_ms, self.upstream_first_byte_ms,
             self._inter_token_ms(), self.inference, other,

@@ -26,7 +26,9 @@ from gateway.limits.window_counter import requests_reset_s, tokens_reset_s
 
 def go_duration(seconds: float) -> str:
     """`0.12` → `120ms`, `1.5` → `1.5s`, `360` → `6m0s` (rounded up to the millisecond)."""
-    ms = max(0, math.ceil(seconds * 1000 - 1e-6))
+    ms = math.ceil(seconds * 1000 - 1e-6)
+    if ms < 0:
+        ms = 0
     text = _GO_DURATIONS.get(ms)
     if text is None:
         if len(_GO_DURATIONS) >= 4096:  # resets span up to 120,000 distinct values
@@ -63,11 +65,11 @@ def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
     for state in states:
         rpm, tpm = state.scope.requests_per_minute, state.scope.tokens_per_minute
         if rpm is not None:
-            remaining = max(0, rpm - state.requests)
+            remaining = rpm - state.requests if state.requests < rpm else 0
             if requests is None or remaining < requests[1]:
                 requests = (rpm, remaining, state)
         if tpm is not None:
-            remaining = max(0, tpm - state.tokens)
+            remaining = tpm - state.tokens if state.tokens < tpm else 0
             if tokens is None or remaining < tokens[1]:
                 tokens = (tpm, remaining, state)
     # Literal names, not f-strings over ("requests", "tokens"): built on every response.
@@ -75,13 +77,15 @@ def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
     if requests is not None:
         headers["x-ratelimit-limit-requests"] = str(requests[0])
         headers["x-ratelimit-remaining-requests"] = str(requests[1])
+        reset_s = requests_reset_s(requests[2])
         headers["x-ratelimit-reset-requests"] = go_duration(
-            min(requests_reset_s(requests[2]), WINDOW_S))
+            reset_s if reset_s < WINDOW_S else WINDOW_S)
     if tokens is not None:
         headers["x-ratelimit-limit-tokens"] = str(tokens[0])
         headers["x-ratelimit-remaining-tokens"] = str(tokens[1])
+        reset_s = tokens_reset_s(tokens[2])
         headers["x-ratelimit-reset-tokens"] = go_duration(
-            min(tokens_reset_s(tokens[2]), WINDOW_S))
+            reset_s if reset_s < WINDOW_S else WINDOW_S)
     return headers
 
 

@@ -180,7 +180,7 @@ class Limiter:
         if ticket.settled:
             return
         ticket.settled = True
-        await self.store.settle(ticket.reservation, max(0, actual_tokens),
+        await self.store.settle(ticket.reservation, actual_tokens if actual_tokens > 0 else 0,
                                 charge or Charge(), self._clock())
 
     async def usage(self, policy: Policy, tenant: str) -> dict[str, Any]:

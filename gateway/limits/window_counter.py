@@ -81,7 +81,7 @@ class Window:
             self.previous_requests, self.previous_tokens = self.requests, self.tokens
             self.requests = self.tokens = 0
             return elapsed - WINDOW_MS
-        return max(0, elapsed)
+        return elapsed if elapsed > 0 else 0
 
     def count(self, tokens: int) -> None:
         """An admitted request and its token estimate."""
@@ -100,16 +100,19 @@ class Window:
             self.tokens += delta
             changed = True
         elif delta < 0 and current:
-            self.tokens = max(0, self.tokens + delta)
+            tokens = self.tokens + delta
+            self.tokens = tokens if tokens > 0 else 0
             changed = True
         elif delta < 0 and previous:
-            self.previous_tokens = max(0, self.previous_tokens + delta)
+            tokens = self.previous_tokens + delta
+            self.previous_tokens = tokens if tokens > 0 else 0
             changed = True
         if refund_request and current:
-            self.requests = max(0, self.requests - 1)
+            self.requests = self.requests - 1 if self.requests > 0 else 0
             changed = True
         elif refund_request and previous:
-            self.previous_requests = max(0, self.previous_requests - 1)
+            self.previous_requests = (self.previous_requests - 1 if self.previous_requests > 0
+                                      else 0)
             changed = True
         return changed
 
@@ -135,7 +138,8 @@ def used(previous: int, current: int, elapsed_ms: int) -> int:
 def _share_at_most(counted: int, most: int) -> int:
     """The first ms of a window from which what the window before counted (`counted`)
     weighs at most `most` (W: not within the window)."""
-    return max(0, WINDOW_MS - (2 * most + 1) * WINDOW_MS // (2 * counted))
+    first_ms = WINDOW_MS - (2 * most + 1) * WINDOW_MS // (2 * counted)
+    return first_ms if first_ms > 0 else 0
 
 
 def wait_ms(previous: int, current: int, elapsed_ms: int, most: int, counted: int) -> int:
@@ -146,9 +150,9 @@ def wait_ms(previous: int, current: int, elapsed_ms: int, most: int, counted: in
     if counted <= most:
         return 0
     if current <= most:  # here previous > 0: within this window, or as it ends
-        return min(_share_at_most(previous, most - current), WINDOW_MS) - elapsed_ms
+        return _share_at_most(previous, most - current) - elapsed_ms
     # once the next window has let enough of this one's weight fall (or the one after)
-    return WINDOW_MS - elapsed_ms + min(_share_at_most(current, most), WINDOW_MS)
+    return WINDOW_MS - elapsed_ms + _share_at_most(current, most)
 
 
 def retry_after_s(previous: int, current: int, elapsed_ms: int, need: int, limit: int,
@@ -162,7 +166,8 @@ def retry_after_s(previous: int, current: int, elapsed_ms: int, need: int, limit
 def reset_s(previous: int, current: int, elapsed_ms: int, limit: int, counted: int) -> float:
     """When capacity next returns: one more than is remaining now would fit (0 when
     nothing is counted)."""
-    counted = min(counted, limit)
+    if counted > limit:
+        counted = limit
     if counted <= 0:
         return 0.0
     return wait_ms(previous, current, elapsed_ms, counted - 1, counted) / 1000

@@ -91,7 +91,8 @@ class ArrivalRate:
         return self._decayed(now) / (self.window_s * -math.expm1(-span / self.window_s))
 
     def _decayed(self, now: float) -> float:
-        return self._level * math.exp(-max(0.0, now - self._at) / self.window_s)
+        since_s = now - self._at
+        return self._level * math.exp(-since_s / self.window_s) if since_s > 0.0 else self._level
 
 
 class WaitEstimate(NamedTuple):

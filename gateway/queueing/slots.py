@@ -135,8 +135,9 @@ class SlotQueue:
         except asyncio.CancelledError:
             self._abandon(waiter)
             raise
-        return SlotTicket(self.key, tenant, priority, max(0.0, granted_at - arrived), granted_at,
-                          self, waiter.background)
+        waited_s = granted_at - arrived
+        return SlotTicket(self.key, tenant, priority, waited_s if waited_s > 0.0 else 0.0,
+                          granted_at, self, waiter.background)
 
     def release(self, ticket: SlotTicket) -> None:
         now = self._clock.now()
@@ -145,7 +146,9 @@ class SlotQueue:
             # the better bands hold a slot.
             self.background_in_flight -= 1
         else:
-            held_s = max(0.0, now - ticket.granted_at)
+            held_s = now - ticket.granted_at
+            if held_s < 0.0:
+                held_s = 0.0
             self.mean_service_s += SERVICE_EWMA_ALPHA * (held_s - self.mean_service_s)
             self._measured = True
         self.in_flight -= 1

@@ -15,7 +15,7 @@ from typing import IO
 import gateway.telemetry.semconv as a
 from gateway.core.record import RequestRecord
 from gateway.core.timing import MONOTONIC, Clock, RequestTimings
-from gateway.telemetry.access_log import AccessLog, AccessRecord
+from gateway.telemetry.access_log import AccessLog, access_record
 from gateway.telemetry.live import LiveWindow, Sample
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing.setup import Tracing, tracing_from_env
@@ -106,7 +106,7 @@ class Telemetry:
             cost_usd=record.cost_usd or 0.0, cache=record.cache,
         ))
         if self.access_log.enabled:
-            self.access_log.write(AccessRecord.of(record))
+            self.access_log.write(access_record(record))
         if self.tracing is not None and record.sampled:
             self.tracing.sink.export(record)
 
