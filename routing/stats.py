@@ -12,6 +12,7 @@ monotonic clock the caller uses (the gateway passes `loop.time()`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -105,12 +106,24 @@ class _TargetStats:
     snapshot only when read after a change (a request changes a target three times and
     reads it once; `dataclasses.replace` per change cost ~15 µs a request)."""
 
-    __slots__ = ("_frozen", "ttft_window", "values")
+    __slots__ = ("_frozen", "_ttft_ordered", "ttft_window", "values")
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = dict(_EMPTY_VALUES)
         self._frozen: TargetSnapshot | None = EMPTY_TARGET
-        self.ttft_window: deque[float] = deque(maxlen=WINDOW_SAMPLES)
+        self.ttft_window: deque[float] = deque(maxlen=WINDOW_SAMPLES)  # in arrival order
+        self._ttft_ordered: list[float] = []  # the same samples, sorted
+
+    def add_ttft(self, ttft_ms: float) -> list[float]:
+        """One more TTFT in the window (the oldest leaves a full one); the window sorted.
+        Kept sorted as it changes: sorting 128 samples on each request cost ~2 % of a
+        streamed request's instructions."""
+        window, ordered = self.ttft_window, self._ttft_ordered
+        if len(window) == window.maxlen:
+            del ordered[bisect_left(ordered, window[0])]
+        window.append(ttft_ms)
+        insort(ordered, ttft_ms)
+        return ordered
 
     def changed(self) -> dict[str, Any]:
         self._frozen = None
@@ -217,8 +230,7 @@ class LiveStats:
             current["network_ms"] = _ewma(current["network_ms"], network_ms)
         if ttft_ms is not None:
             current["ttft_ms"] = _ewma(current["ttft_ms"], ttft_ms)
-            stats.ttft_window.append(ttft_ms)
-            ordered = sorted(stats.ttft_window)
+            ordered = stats.add_ttft(ttft_ms)
             current["ttft_p50_ms"] = _percentile(ordered, 0.5)
             current["ttft_p90_ms"] = _percentile(ordered, 0.9)
             if explained_ttft_ms is not None:

@@ -33,7 +33,7 @@ from policies.load import ModelTarget
 
 # Compact JSON, as most OpenAI-compatible servers send it: counted with C-speed byte
 # searches so a token stream is never parsed event by event. Python's json.dumps (some
-# servers' chunks) writes a space after each colon.
+# servers' chunks) writes a space after each colon. `find`, not `in` (gateway/core/sse.py).
 _SPACED = b'": "'
 _FINISH = re.compile(rb'"finish_reason":\s*"([A-Za-z_]{1,40})"')
 
@@ -42,7 +42,7 @@ def content_events(data: bytes) -> int:
     """Chunks in `data` whose delta carries non-empty text."""
     count = (data.count(b'"content":"') + data.count(b'"text":"')
              - data.count(b'"content":""') - data.count(b'"text":""'))
-    if count or _SPACED not in data:
+    if count or data.find(_SPACED) < 0:
         return count
     return (data.count(b'"content": "') + data.count(b'"text": "')
             - data.count(b'"content": ""') - data.count(b'"text": ""'))
@@ -132,7 +132,7 @@ class Attempt:
             self._timings.token(count)
             if not self.entry.first_token_ns:
                 self.entry.first_token_ns = time_ns()
-        if b'"finish_reason":"' in data or b'"finish_reason": "' in data:
+        if data.find(b'"finish_reason":"') >= 0 or data.find(b'"finish_reason": "') >= 0:
             self._record.finish_reasons.extend(m.decode() for m in _FINISH.findall(data))
         if self._record.keeps_content:
             if self._stream_text is None:

@@ -173,7 +173,7 @@ class _RequestHandler(web.RequestHandler):
         # skips (they could carry the end-of-head mark ahead of half a head); b"" is
         # aiohttp resuming its parser, not bytes from the client
         if self.awaiting_head and self._head_timer is None and data \
-                and (b"\r\n\r\n" not in data or data[0] in _BLANK):
+                and (data.find(b"\r\n\r\n") < 0 or data[0] in _BLANK):
             self._start_head_timer()
         super().data_received(data)
 

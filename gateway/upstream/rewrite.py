@@ -36,7 +36,7 @@ def _string_end(raw: bytes, start: int) -> int:
 
 
 def _splice_model(raw: bytes, model: str, upstream_name: str) -> bytes | None:
-    if raw.count(_MODEL_KEY) != 1 or b"\\u" in raw:
+    if raw.count(_MODEL_KEY) != 1 or raw.find(b"\\u") >= 0:
         return None
     key = raw.index(_MODEL_KEY)
     before = key - 1

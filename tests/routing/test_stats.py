@@ -1,6 +1,9 @@
 """Live statistics: rolling estimates, load, health, immutable snapshots."""
 
-from routing.stats import LiveStats
+from hypothesis import given
+from hypothesis import strategies as st
+
+from routing.stats import WINDOW_SAMPLES, LiveStats
 
 KEY = "local/llama"
 
@@ -128,3 +131,16 @@ def test_an_ejection_is_in_the_snapshot_until_restored() -> None:
     assert stats.snapshot().ejected == {KEY: 9.0}
     stats.restore(KEY)
     assert stats.snapshot().ejected == {}
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5_000.0), min_size=1, max_size=400))
+def test_windowed_percentiles_are_those_of_the_last_samples_whatever_their_order(
+        samples: list[float]) -> None:
+    stats = LiveStats()
+    for ttft in samples:
+        stats.record_success("t", network_ms=None, ttft_ms=ttft, total_ms=None,
+                             output_tokens=1)
+    window = sorted(samples[-WINDOW_SAMPLES:])
+    snap = stats.snapshot().targets["t"]
+    assert snap.ttft_p50_ms == window[min(len(window) - 1, int(0.5 * len(window)))]
+    assert snap.ttft_p90_ms == window[min(len(window) - 1, int(0.9 * len(window)))]
