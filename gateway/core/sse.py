@@ -145,6 +145,8 @@ class SseRelay:
         if payload == _DONE:
             self.done = True
             return False
+        if payload.find(_USAGE) < 0 and payload.startswith(b"{") and payload.endswith(b"}"):
+            return True  # a token chunk, taken by its braces as the common case takes it
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.core.sse import MalformedEvent, SseRelay
 
@@ -112,3 +114,31 @@ def test_a_stream_is_complete_after_done_a_finish_reason_or_its_own_error_event(
     cut = SseRelay(strip_usage_chunk=False)
     cut.feed(CONTENT + CONTENT)
     assert not cut.complete
+
+
+TOKEN = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@given(st.lists(st.sampled_from([TOKEN, b'data: {"x": [1, 2]}\n\n', b"data: {\n\n",
+                                  b"data: {}\n\n", b"data: {x}\n\n", b": ping\n\n", USAGE, DONE]),
+                min_size=1, max_size=8),
+       st.data())
+def test_what_is_forwarded_does_not_depend_on_how_the_stream_was_split_into_reads(
+        events: list[bytes], data: st.DataObject) -> None:
+    """Events read one by one, or all at once, or split anywhere: the same bytes are
+    forwarded, the same event stops the relay, the same usage is read."""
+    stream = b"".join(events)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    reads = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+    def relay_all(pieces: list[bytes]) -> tuple[bytes, bool, object]:
+        relay, out = SseRelay(strip_usage_chunk=False), b""
+        try:
+            for piece in pieces:
+                out += relay.feed(piece)
+        except MalformedEvent as exc:
+            return out + exc.forward, True, relay.usage
+        return out, False, relay.usage
+
+    assert relay_all(reads) == relay_all([stream]) == relay_all(events)
