@@ -50,7 +50,7 @@ class MalformedEvent(Exception):
 
 
 class SseRelay:
-    __slots__ = ("_after_cr", "_last", "_pending", "content_events", "done", "finished",
+    __slots__ = ("_after_cr", "_last", "_pending", "done", "finished",
                  "max_event_bytes", "strip_usage_chunk", "usage", "usage_chunk")
 
     def __init__(self, *, strip_usage_chunk: bool,
@@ -65,8 +65,6 @@ class SseRelay:
         self._pending = b""
         self._after_cr = False  # the last read ended with a CR: a LF starting the next is its pair
         self._last = b""  # the latest events forwarded
-        # chunks with a non-empty content/text delta: what a stream cut short produced
-        self.content_events = 0
 
     @property
     def complete(self) -> bool:
@@ -106,7 +104,6 @@ class SseRelay:
                 and data.count(b"\n\ndata: {") == events - 1
                 and data.find(_USAGE) < 0 and data.find(_DONE) < 0
                 and len(data) <= self.max_event_bytes):
-            self.content_events += _content_count(data)
             self._last = data
             return data
         out: list[bytes] = []
@@ -127,7 +124,6 @@ class SseRelay:
             if self._keep(event, out):
                 out.append(event)
         kept = b"".join(out)
-        self.content_events += _content_count(kept)
         if kept:
             self._last = kept
         return kept
@@ -161,9 +157,7 @@ class SseRelay:
 
     def _malformed(self, reason: str, before: list[bytes]) -> NoReturn:
         self._pending = b""
-        kept = b"".join(before)
-        self.content_events += _content_count(kept)
-        raise MalformedEvent(reason, kept)
+        raise MalformedEvent(reason, b"".join(before))
 
     def leftover(self) -> bytes | None:
         """An unterminated last event, completed and forwarded when the stream ends
@@ -183,13 +177,6 @@ class SseRelay:
     def drop_partial(self) -> None:
         """The stream broke mid-event: the incomplete event is never forwarded."""
         self._pending = b""
-
-
-def _content_count(data: bytes) -> int:
-    """Content-bearing chunks in complete events (compact JSON, as OpenAI-compatible
-    servers send it); C-speed byte counts, no parsing."""
-    return (data.count(b'"content":"') + data.count(b'"text":"')
-            - data.count(b'"content":""') - data.count(b'"text":""'))
 
 
 def comment(text: str) -> bytes:

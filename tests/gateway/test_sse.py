@@ -80,8 +80,8 @@ def test_crlf_framing_split_anywhere_between_reads_is_understood() -> None:
 
 def test_a_tail_cut_in_the_middle_of_its_json_is_not_forwarded() -> None:
     relay = SseRelay(strip_usage_chunk=False)
-    relay.feed(CONTENT + b'data: {"choices":[{"delta":{"content":"h')
-    assert relay.leftover() is None and relay.content_events == 1
+    assert relay.feed(CONTENT + b'data: {"choices":[{"delta":{"content":"h') == CONTENT
+    assert relay.leftover() is None
 
 
 def test_a_malformed_event_stops_the_relay_after_the_good_ones_before_it() -> None:
