@@ -72,7 +72,8 @@ def rate_limit_headers(states: Iterable[ScopeState]) -> dict[str, str]:
             remaining = tpm - state.tokens if state.tokens < tpm else 0
             if tokens is None or remaining < tokens[1]:
                 tokens = (tpm, remaining, state)
-    # Literal names, not f-strings over ("requests", "tokens"): built on every response.
+    # Literal names, not f-strings over ("requests", "tokens"), and comparisons, not
+    # max()/min() (window_counter.py): built on every response.
     headers: dict[str, str] = {}
     if requests is not None:
         headers["x-ratelimit-limit-requests"] = str(requests[0])
