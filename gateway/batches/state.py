@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import orjson
 
@@ -155,17 +155,15 @@ class SqliteState:
             (orjson.dumps(batch.stored()), int(batch.final), batch.id)))
 
     async def listing(self, tenant: str, after: str | None, limit: int) -> list[Batch]:
-        def read(db: sqlite3.Connection) -> list[Any]:
-            if after is None:
-                return db.execute(
-                    "SELECT data, cancel_at FROM batches WHERE tenant = ? "
-                    "ORDER BY created_at DESC, id DESC LIMIT ?", (tenant, limit)).fetchall()
-            return db.execute(
-                "SELECT b.data, b.cancel_at FROM batches b, batches a WHERE a.id = ? "
-                "AND b.tenant = ? AND (b.created_at < a.created_at OR (b.created_at = "
-                "a.created_at AND b.id < a.id)) ORDER BY b.created_at DESC, b.id DESC "
-                "LIMIT ?", (after, tenant, limit)).fetchall()
-        return [_with_cancel(data, cancel) for data, cancel in await self._run(read)]
+        where, args = "tenant = ?", [tenant]
+        if after is not None:  # the cursor: the tenant's own batch (else none: NULL)
+            where += (" AND (created_at, id) < (SELECT created_at, id FROM batches "
+                      "WHERE id = ? AND tenant = ?)")
+            args += [after, tenant]
+        rows = await self._run(lambda db: db.execute(
+            f"SELECT data, cancel_at FROM batches WHERE {where} "
+            "ORDER BY created_at DESC, id DESC LIMIT ?", (*args, limit)).fetchall())
+        return [_with_cancel(data, cancel) for data, cancel in rows]
 
     async def request_cancel(self, batch_id: str, at: int) -> None:
         await self._run(lambda db: db.execute(

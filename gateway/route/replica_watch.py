@@ -77,18 +77,18 @@ class FleetWatcher:
         """Resolve and poll what is due at `now`; when the next of them is due."""
         jobs = []
         next_due = math.inf
+        due = self._due
         for name, fleet in list(self.fleets.fleets.items()):
             settings = fleet.backend.fleet
-            kinds = ("resolve", "poll") if fleet.backend.resolve == "all" else ("poll",)
-            for kind in kinds:
-                due = self._due.get((name, kind), 0.0)
-                if now >= due:
-                    interval_s = (settings.resolve_interval_s if kind == "resolve"
-                                  else settings.poll_interval_s)
-                    due = self._due[(name, kind)] = now + interval_s
-                    jobs.append(self.resolve(fleet) if kind == "resolve"
-                                else self.poll(session, fleet))
-                next_due = min(next_due, due)
+            if fleet.backend.resolve == "all":
+                if now >= due.get((name, "resolve"), 0.0):
+                    due[(name, "resolve")] = now + settings.resolve_interval_s
+                    jobs.append(self.resolve(fleet))
+                next_due = min(next_due, due[(name, "resolve")])
+            if now >= due.get((name, "poll"), 0.0):
+                due[(name, "poll")] = now + settings.poll_interval_s
+                jobs.append(self.poll(session, fleet))
+            next_due = min(next_due, due[(name, "poll")])
         if jobs:
             await asyncio.gather(*jobs)
         return next_due

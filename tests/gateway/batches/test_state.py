@@ -88,6 +88,7 @@ async def test_a_tenants_batches_are_listed_newest_first_a_page_at_a_time(
     rest = await state.listing("acme", "batch_3", 10)
     assert [b.id for b in rest] == ["batch_2", "batch_1", "batch_0"]
     assert await state.listing("acme", "no-such-batch", 10) == []
+    assert await state.listing("acme", "other", 10) == []  # another tenant's is no cursor
     assert sorted(await state.unfinished()) == sorted(
         [f"batch_{n}" for n in range(5)] + ["other"])
 
