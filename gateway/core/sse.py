@@ -141,7 +141,8 @@ class SseRelay:
         if payload == _DONE:
             self.done = True
             return False
-        if payload.find(_USAGE) < 0 and payload.startswith(b"{") and payload.endswith(b"}"):
+        has_usage = payload.find(_USAGE) >= 0
+        if not has_usage and payload.startswith(b"{") and payload.endswith(b"}"):
             return True  # a token chunk, taken by its braces as the common case takes it
         try:
             chunk = orjson.loads(payload)
@@ -149,7 +150,7 @@ class SseRelay:
             chunk = None
         if not isinstance(chunk, dict):
             self._malformed("a `data:` payload that is not a JSON object", before)
-        if payload.find(_USAGE) >= 0 and isinstance(chunk.get("usage"), dict):
+        if has_usage and isinstance(chunk.get("usage"), dict):
             self.usage, self.usage_chunk = chunk["usage"], chunk
             if self.strip_usage_chunk and not chunk.get("choices"):
                 return False

@@ -78,8 +78,9 @@ class KeyAdmission:
         self._clock = clock
 
     async def admit(self, ctx: RequestContext) -> KeyAdmitted:
-        """Who is charged in the spend ledger: a managed key's id, a policy key's hash
-        prefix, or "" for anonymous callers."""
+        """The tenant's admission, and a managed key's own when it has limits. The
+        spend ledger charges the managed key's id, a policy key's hash prefix, or ""
+        for an anonymous caller."""
         digest = ctx.identity.key_hash
         if digest is None:
             return KeyAdmitted(self, await self.inner.admit(ctx), None, "")

@@ -90,8 +90,8 @@ async def test_checks_keep_their_interval(
     await start_gateway(policy(first.url, second.url, checks={**QUICK_CHECKS,
                                                                "interval_s": 0.25}))
     await asyncio.sleep(1.0)
-    # due at 0, 0.25, 0.5, 0.75 (and 1.0 on a slow machine): never more often
-    assert 3 <= len(first.gets) <= 5
+    # due at 0, 0.25, 0.5, 0.75 (and 1.0): never more often, and not stopped
+    assert 2 <= len(first.gets) <= 5
 
 
 async def test_a_backend_a_reload_brings_is_checked_at_once(

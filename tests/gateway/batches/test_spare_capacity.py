@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import StartGateway, StartUpstream
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.batches.conftest import LOCAL_SLOTS, batch_policy, chat_lines, jsonl, submit
+from tests.waiting import until
 
 INTERACTIVE = {"model": "chat", "messages": [{"role": "user", "content": "now please"}]}
 
@@ -22,12 +23,7 @@ INTERACTIVE = {"model": "chat", "messages": [{"role": "user", "content": "now pl
 async def lines_in_flight(local: FakeOpenAI, count: int) -> None:
     """Until `count` batch lines have reached the dedicated backend (each is held there
     for its first-byte delay)."""
-    for _ in range(500):  # polled: up to 5 s
-        if len(local.received) >= count:
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError(f"{len(local.received)} of {count} lines reached the backend")
+    await until(lambda: len(local.received) >= count)
     await asyncio.sleep(0.05)  # and no more are coming: the gate holds them back
 
 
