@@ -1,14 +1,16 @@
 """The engine on a CUDA device beside transformers' `generate` (static batching), same model.
 
     python bench/gpu.py [--models qwen2.5-0.5b llama-3.2-1b] [--streams 1 16 64 256]
-        [--prompt 512] [--new 128] [--attention sdpa] [--cuda-graphs] [--json PATH]
+        [--prompt 512] [--new 128] [--variants sdpa sdpa+graphs flex-compiled]
+        [--no-baseline] [--json PATH] [--smoke]
 
 Models are random-weight (bf16) at the shapes of Qwen2.5-0.5B and Llama-3.2-1B, their
 configs written below: nothing is downloaded (the device machine has no network).
 Every request has `--prompt` random token ids and generates exactly `--new` tokens
-(greedy, EOS ignored). For each model and stream count:
+(greedy, EOS ignored). For each model, engine variant and stream count:
 
-- engine: all requests added at once to one `Engine` (in this process, no HTTP);
+- engine: all requests added at once to one `Engine` (in this process, no HTTP), one
+  engine per variant (`sdpa` eager, `sdpa+graphs` decode steps from CUDA graphs, ...);
   output tok/s over the wall time, TTFT p50/p95 from arrival, time per output token
   (each request's (last − first token) / (new − 1), averaged);
 - transformers: one `generate` call over the whole batch (static batching: every
@@ -16,7 +18,10 @@ Every request has `--prompt` random token ids and generates exactly `--new` toke
   lengths; output tok/s, and TTFT as the time of a `max_new_tokens=1` call;
 - at batch 1, the engine's bandwidth use: bytes a decode step must read (every weight
   but the embedding table, plus the KV cache of the context) per step time, over the
-  device's HBM bandwidth.
+  device's HBM bandwidth (the datasheet's; a 2 GiB device copy's rate is printed too).
+
+Each variant runs in its own try: one that fails is reported and the rest still run.
+With --json the figures are written after every row, so a run cut short keeps them.
 
 Checks (issue 36): engine ≥ 3× transformers at 64 streams; batch-1 decode ≥ 50 % of
 the bandwidth bound.
@@ -31,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import typing
 from pathlib import Path
 from typing import Any
@@ -169,20 +175,65 @@ def hf_run(model: Any, batch: list[list[int]], new: int) -> dict[str, float]:
             "tpot_ms": 1e3 * (wall - ttft) / max(1, new - 1)}
 
 
+def variant_config(variant: str) -> tuple[Backend, bool]:
+    """"sdpa", "flex", "flex-compiled", each optionally "+graphs" (decode from CUDA graphs)."""
+    attention, _, extra = variant.partition("+")
+    if attention not in typing.get_args(Backend) or extra not in ("", "graphs"):
+        raise argparse.ArgumentTypeError(f"unknown variant {variant!r}")
+    return typing.cast(Backend, attention), extra == "graphs"
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s a device-to-device copy of 2 GiB moves (read + written): the HBM in practice."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    synchronize()
+    return 2 * 10 * src.numel() / (time.perf_counter() - t0)
+
+
+def engine_rows(model: LlamaForCausalLM, tokenizer: Tokenizer, config: dict[str, Any],
+                variant: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    attention, graphs = variant_config(variant)
+    largest = max(args.streams)
+    blocks = largest * -(-(args.prompt + args.new) // 16) + 64
+    engine = Engine(model, tokenizer, EngineConfig(
+        max_num_seqs=largest, max_waiting=largest, num_blocks=blocks,
+        max_num_batched_tokens=8192, max_model_len=args.prompt + args.new + 16,
+        attention=attention, cuda_graphs=graphs))
+    engine.start()
+    rows: dict[int, dict[str, float]] = {}
+    try:
+        asyncio.run(engine_run(engine, prompts(2, 32, config["vocab_size"], 0), 8))  # warm
+        for streams in args.streams:
+            batch = prompts(streams, args.prompt, config["vocab_size"], streams)
+            rows[streams] = asyncio.run(engine_run(engine, batch, args.new))
+    finally:
+        engine.stop()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--attention", default="sdpa", choices=typing.get_args(Backend))
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay decode steps from CUDA graphs (engine/cuda_graphs.py)")
+    parser.add_argument("--variants", nargs="+", default=["sdpa", "sdpa+graphs"],
+                        help="engine paths: sdpa, flex, flex-compiled, each optionally "
+                             "+graphs (decode steps replayed from CUDA graphs)")
     parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--json", type=Path, help="also write the figures here, as they come")
     parser.add_argument("--smoke", action="store_true",
                         help="toy sizes on the CPU in fp32: checks the script, measures nothing")
     args = parser.parse_args()
+    for variant in args.variants:
+        variant_config(variant)
     if args.smoke:
         device, dtype, bandwidth, label = "cpu", torch.float32, None, "CPU (smoke run)"
     elif torch.cuda.is_available():
@@ -192,69 +243,80 @@ def main() -> int:
         print("bench/gpu.py needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
     print(f"{label}, torch {torch.__version__}, {args.prompt} in / {args.new} out, "
-          f"attention {args.attention}, CUDA graphs {'on' if args.cuda_graphs else 'off'}")
+          f"engine variants {', '.join(args.variants)}")
+    figures: dict[str, Any] = {"device": label, "torch": torch.__version__,
+                               "prompt": args.prompt, "new": args.new, "models": {}}
+    if device == "cuda":
+        figures["copy_bytes_s"] = copy_bandwidth()
+        figures["datasheet_bytes_s"] = bandwidth
+        print(f"device-to-device copy: {figures['copy_bytes_s'] / 1e12:.2f} TB/s "
+              f"(datasheet {bandwidth and bandwidth / 1e12} TB/s)")
+
+    def save() -> None:  # after every row: a run cut short still leaves what it measured
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1))
+
     tokenizer_dir = Path(tempfile.mkdtemp())
     write_tokenizer(tokenizer_dir)  # ids past its byte vocabulary detokenise to nothing
     tokenizer = Tokenizer.from_dir(tokenizer_dir)
-    figures: dict[str, Any] = {"device": label, "models": {}}
     for name in args.models:
         config = shrunk(CONFIGS[name]) if args.smoke else CONFIGS[name]
         model = random_model(config, device, dtype)
-        largest = max(args.streams)
-        blocks = largest * -(-(args.prompt + args.new) // 16) + 64
-        engine = Engine(model, tokenizer, EngineConfig(
-            max_num_seqs=largest, max_waiting=largest, num_blocks=blocks,
-            max_num_batched_tokens=8192, max_model_len=args.prompt + args.new + 16,
-            attention=args.attention, cuda_graphs=args.cuda_graphs))
-        engine.start()
-        rows: dict[int, dict[str, Any]] = {}
-        try:
-            asyncio.run(engine_run(engine, prompts(2, 32, config["vocab_size"], 0), 8))  # warm
-            for streams in args.streams:
-                batch = prompts(streams, args.prompt, config["vocab_size"], streams)
-                rows[streams] = {"engine": asyncio.run(engine_run(engine, batch, args.new))}
-        finally:
-            engine.stop()
-        one = rows.get(1, {}).get("engine")
-        if one is not None and bandwidth is not None:
-            step_bytes = bytes_per_decode_step(model, args.prompt + args.new // 2)
-            one["bandwidth_use"] = step_bytes / (one["tpot_ms"] / 1e3) / bandwidth
-        del engine, model
+        sides: dict[str, dict[int, dict[str, float]]] = {}
+        figures["models"][name] = sides
+        step_bytes = bytes_per_decode_step(model, args.prompt + args.new // 2)
+        for variant in args.variants:
+            try:
+                sides[f"engine {variant}"] = rows = engine_rows(
+                    model, tokenizer, config, variant, args)
+            except Exception as exc:  # the other variants and the baseline still run
+                traceback.print_exc()
+                sides[f"engine {variant}"] = {0: {"error": repr(exc)}}  # type: ignore[dict-item]
+                continue
+            if 1 in rows and bandwidth is not None:
+                rows[1]["bandwidth_use"] = step_bytes / (rows[1]["tpot_ms"] / 1e3) / bandwidth
+            save()
+        del model
         if device == "cuda":
             torch.cuda.empty_cache()
         if not args.no_baseline:
             hf = hf_model(config, device, dtype)
             hf_run(hf, prompts(2, 32, config["vocab_size"], 0), 8)  # warm-up
+            sides["transformers"] = {}
             for streams in args.streams:
                 batch = prompts(streams, args.prompt, config["vocab_size"], streams)
-                rows[streams]["transformers"] = hf_run(hf, batch, args.new)
+                sides["transformers"][streams] = hf_run(hf, batch, args.new)
+                save()
             del hf
             if device == "cuda":
                 torch.cuda.empty_cache()
-        figures["models"][name] = rows
-        report(name, rows)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+        report(name, sides)
+    save()
     return 0
 
 
-def report(name: str, rows: dict[int, dict[str, Any]]) -> None:
+def report(name: str, sides: dict[str, dict[int, dict[str, float]]]) -> None:
     print(f"\n{name}")
-    print(f"{'':28}{'tok/s':>10}{'TTFT p50 ms':>13}{'p95 ms':>9}{'ms/token':>10}")
-    for streams, sides in rows.items():
-        for side, row in sides.items():
-            print(f"{f'{side}, {streams} streams':28}{row['tok_s']:10.1f}"
+    print(f"{'':34}{'tok/s':>10}{'TTFT p50 ms':>13}{'p95 ms':>9}{'ms/token':>10}")
+    for side, rows in sides.items():
+        for streams, row in rows.items():
+            if "error" in row:
+                print(f"{side:34}failed: {row['error']}")
+                continue
+            print(f"{f'{side}, {streams} streams':34}{row['tok_s']:10.1f}"
                   f"{row['ttft_p50_ms']:13.1f}{row['ttft_p95_ms']:9.1f}{row['tpot_ms']:10.2f}")
-    checks = []
-    at64 = rows.get(64, {})
-    if "transformers" in at64:
-        checks.append(("tok/s at 64 streams ≥ 3× transformers",
-                       at64["engine"]["tok_s"] / at64["transformers"]["tok_s"], 3.0))
-    use = rows.get(1, {}).get("engine", {}).get("bandwidth_use")
-    if use is not None:
-        checks.append(("batch-1 decode ≥ 50 % of the HBM bound", use, 0.5))
-    for label, value, bound in checks:
-        print(f"  {label:42} {value:6.2f}  {'ok' if value >= bound else 'MISSED'}")
+    baseline = sides.get("transformers", {}).get(64)
+    for side, rows in sides.items():
+        if not side.startswith("engine") or 0 in rows:
+            continue
+        if baseline is not None and 64 in rows:
+            ratio = rows[64]["tok_s"] / baseline["tok_s"]
+            print(f"  {side}: tok/s at 64 streams ≥ 3× transformers: {ratio:5.2f}  "
+                  f"{'ok' if ratio >= 3 else 'MISSED'}")
+        use = rows.get(1, {}).get("bandwidth_use")
+        if use is not None:
+            print(f"  {side}: batch-1 decode ≥ 50 % of the HBM bound: {use:5.2f}  "
+                  f"{'ok' if use >= 0.5 else 'MISSED'}")
 
 
 if __name__ == "__main__":
