@@ -8,6 +8,8 @@ around the processes under test: free ports, core pinning, readiness, CPU and RS
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import os
 import shutil
 import socket
@@ -95,6 +97,40 @@ async def load(port: int, concurrency: int, total: int, *, stream: bool = False,
     return Result(len(latencies) / elapsed, latencies, first_bytes)
 
 
+async def paced(port: int, rate: float, total: int, *, connections: int = 32,
+                stream: bool = False, authorized: bool = True) -> Result:
+    """`total` requests due at `rate` a second (request k at k / rate), spread over
+    kept-alive connections: the same load whatever the replies' pace. A request sent late
+    because its connection was still waiting for the reply before counts from when it
+    was due, so a gateway that falls behind shows; one sent after a sleep counts from its
+    sending (the sleep's own lateness, about a millisecond, is the timer's, not the
+    gateway's)."""
+    payload = _request_bytes(port, stream, authorized)
+    latencies: list[float] = []
+    first_bytes: list[float] = []
+    started = time.perf_counter() + 0.05
+
+    async def worker(index: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for k in range(index, total, connections):
+                due = started + k / rate
+                delay = due - time.perf_counter()
+                late = 0.0
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    late = -delay
+                first, whole = await _exchange(reader, writer, payload)
+                latencies.append((late + whole) * 1000)
+                first_bytes.append((late + first) * 1000)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(i) for i in range(min(connections, total))))
+    return Result(len(latencies) / (time.perf_counter() - started), latencies, first_bytes)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -131,7 +167,17 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used: unlike req/s, not skewed by other load."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU of all the threads of `pid`, to the nanosecond, from its CPU-time
+    clock: unlike req/s, not skewed by other load (/proc/<pid>/stat counts 10 ms ticks,
+    too coarse for a trickle of requests)."""
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        return 0.0  # the process has gone
+    try:
+        return time.clock_gettime_ns(clock.value) / 1e9
+    except OSError:
+        return 0.0

@@ -5,9 +5,11 @@ Python floor) and `routegate serve` (auth, routing and rate limits on), and meas
 for each of direct / bare proxy / routegate:
 
   throughput at concurrency 1, 16, 64 (non-streaming chat completions)
-  p50 / p99 latency, and what each proxy adds over direct
+  p50 / p99 latency, and what each proxy adds over direct, at concurrency 1 and 64 and
+    at a steady 20 and 500 req/s (open loop: latency counts from when a request was due)
   streaming time to first byte (first SSE event) at concurrency 1
-  CPU time per request of the process under test (robust to other load on the machine)
+  CPU time per request of the process under test (robust to other load on the machine),
+    for whole JSON responses (concurrency 16, 64) and streams (concurrency 16)
   peak RSS of each proxy process
 Two more routegate processes show what the plug-ins cost, each with some of them swapped
 for the pipeline's defaults (auth, parsing, telemetry and the relay always stay):
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,6 +46,7 @@ from bench.loadgen import (
     cpu_seconds,
     free_port,
     load,
+    paced,
     peak_rss_mb,
     pinned,
     wait_listening,
@@ -173,16 +177,32 @@ defaults:
 """
 
 
+# Steady rates: req/s → (requests, connections). 20 req/s is an application's trickle,
+# 500 about a third of what the bare proxy serves on one core here.
+RATES = {20: (200, 4), 500: (2500, 32)}
+
+
 async def measure(port: int, pid: int, counts: dict[int, int], stream_count: int,
-                  authorized: bool) -> dict[str, Result]:
+                  scale: float, authorized: bool) -> dict[str, Result]:
     await load(port, 16, 400, authorized=authorized)  # warm-up: connections, caches
     await load(port, 1, 50, stream=True, authorized=authorized)
+
+    async def timed(run: Awaitable[Result]) -> Result:
+        before = cpu_seconds(pid)
+        result = await run
+        result.cpu_us = (cpu_seconds(pid) - before) * 1e6 / len(result.latencies_ms)
+        return result
+
     results = {}
     for c, n in counts.items():
-        before = cpu_seconds(pid)
-        results[f"c{c}"] = result = await load(port, c, n, authorized=authorized)
-        result.cpu_us = (cpu_seconds(pid) - before) * 1e6 / len(result.latencies_ms)
+        results[f"c{c}"] = await timed(load(port, c, n, authorized=authorized))
     results["stream"] = await load(port, 1, stream_count, stream=True, authorized=authorized)
+    results["stream c16"] = await timed(load(port, 16, 4 * stream_count, stream=True,
+                                             authorized=authorized))
+    for rate, (n, connections) in RATES.items():
+        results[f"{rate}/s"] = await timed(paced(port, rate, max(connections, int(n * scale)),
+                                                 connections=connections,
+                                                 authorized=authorized))
     return results
 
 
@@ -250,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         # that noise from anything else on the machine hits them all alike.
         for _ in range(args.rounds):
             one = {"direct": asyncio.run(measure(upstream_port, up.pid, counts, stream_count,
-                                                 False))}
+                                                 scale, False))}
             for name, (port, process) in proxies.items():
                 one[name] = asyncio.run(measure(port, process.pid, counts, stream_count,
-                                                name != "bare proxy"))
+                                                scale, name != "bare proxy"))
             rounds.append(one)
         for name, (_, process) in proxies.items():
             rss[name] = peak_rss_mb(process.pid)
@@ -290,13 +310,15 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
     for c in (1, 16, 64):
         row(f"throughput req/s, concurrency {c}", [metric(n, f"c{c}") for n in names],
             "{:>13.0f}")
-    for c in (16, 64):
-        row(f"CPU us per request, concurrency {c}",
-            [metric(n, f"c{c}", cpu=True) for n in names], "{:>13.0f}")
-    for c in (1, 64):
+    for key in ("c16", "c64", "stream c16", *(f"{rate}/s" for rate in RATES)):
+        label = key.replace("c16", "concurrency 16").replace("c64", "concurrency 64")
+        row(f"CPU us per request, {label}", [metric(n, key, cpu=True) for n in names],
+            "{:>13.0f}")
+    for key in ("c1", "c64", *(f"{rate}/s" for rate in RATES)):
+        label = f"concurrency {key[1:]}" if key.startswith("c") else key
         for q in (0.5, 0.99):
-            row(f"latency p{int(q * 100)} ms, concurrency {c}",
-                [metric(n, f"c{c}", q) for n in names], "{:>13.3f}")
+            row(f"latency p{int(q * 100)} ms, {label}", [metric(n, key, q) for n in names],
+                "{:>13.3f}")
     for q in (0.5, 0.99):
         row(f"stream first byte p{int(q * 100)} ms, conc. 1",
             [metric(n, "stream", q, True) for n in names], "{:>13.3f}")
@@ -304,8 +326,11 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
 
     print(f"\n{'added over direct (ms)':36}" + "".join(f"{n:>13}" for n in names[1:])
           + "".join(f"{'- bare':>12}" for _ in gateways))
+    steady = [(f"p{int(q * 100)} latency, {rate} req/s", f"{rate}/s", q, False)
+              for rate in RATES for q in (0.5, 0.99)]
     for label, key, q, first in (("p50 latency, concurrency 1", "c1", 0.5, False),
                                  ("p99 latency, concurrency 1", "c1", 0.99, False),
+                                 *steady,
                                  ("p50 stream first byte, conc. 1", "stream", 0.5, True),
                                  ("p99 latency, concurrency 64", "c64", 0.99, False)):
         direct = metric("direct", key, q, first)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import marshal
 import os
 import statistics
@@ -41,10 +39,10 @@ from pathlib import Path
 
 from loadgen import (  # bench/
     Result,
-    _exchange,
-    _request_bytes,
+    cpu_seconds,
     free_port,
     load,
+    paced,
     pinned,
     wait_listening,
 )
@@ -110,47 +108,8 @@ def pin_threads(pid: int, core: int) -> None:
             os.sched_setaffinity(int(task.name), {core})
 
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of all the threads of `pid`, to the nanosecond, from its CPU-time clock
-    (/proc/<pid>/stat counts 10 ms ticks: too coarse for short rounds)."""
-    clock = ctypes.c_int()
-    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
-        return 0.0  # the process has gone
-    try:
-        return time.clock_gettime_ns(clock.value) / 1e9
-    except OSError:
-        return 0.0
-
-
 def with_children_cpu(pid: int) -> float:
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
-
-
-async def paced(port: int, rate: float, total: int, connections: int = 32) -> Result:
-    """`total` requests at `rate` a second over kept-alive connections, whatever the
-    replies' pace (a worker behind its schedule sends at once): the same load for every
-    configuration, so their CPU per request compares work, not how busy the load
-    generator was (at full speed it shares a core with the receivers and exporters)."""
-    payload = _request_bytes(port, False, True)
-    latencies: list[float] = []
-    started = time.perf_counter()
-
-    async def worker(index: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for k in range(index, total, connections):
-                delay = started + k / rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                latencies.append((await _exchange(reader, writer, payload))[1] * 1000)
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(worker(i) for i in range(connections)))
-    return Result(len(latencies) / (time.perf_counter() - started), latencies, latencies)
 
 
 async def measure(port: int, pid: int, counts: dict[int, int],

@@ -30,11 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import contextlib
 
 from bench.loadgen import (
-    _exchange,
-    _request_bytes,
     cpu_seconds,
     free_port,
     load,
+    paced,
     pinned,
     wait_listening,
 )
@@ -71,42 +70,13 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def fixed_rate(port: int, rate: float, seconds: float, connections: int = 32) -> float:
-    """Requests at `rate`/s spread over `connections` kept-alive connections; the p99
-    latency in ms (a request that falls behind its schedule counts from when it was
-    due, so a stalled gateway shows)."""
-    payload = _request_bytes(port, stream=False, authorized=True)
-    latencies: list[float] = []
-    interval = connections / rate
-    start = time.perf_counter() + 0.05
-
-    async def connection(offset: float) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        due = start + offset
-        try:
-            while due < start + seconds:
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await _exchange(reader, writer, payload)
-                latencies.append((time.perf_counter() - due) * 1000)
-                due += interval
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(connection(i * interval / connections)
-                           for i in range(connections)))
-    latencies.sort()
-    return latencies[int(0.99 * (len(latencies) - 1))]
-
-
 async def measure(port: int, pid: int, total: int, rate: float, seconds: float
                   ) -> dict[str, float]:
     await load(port, 16, 300)  # warm-up: connections, caches
     before = tree_cpu(pid)
     result = await load(port, 64, total)
     cpu_us = (tree_cpu(pid) - before) * 1e6 / len(result.latencies_ms)
-    p99 = await fixed_rate(port, rate, seconds)
+    p99 = (await paced(port, rate, int(rate * seconds))).pct(0.99)
     return {"rps": result.rps, "cpu_us": cpu_us, "p99_ms": p99}
 
 

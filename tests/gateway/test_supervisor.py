@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from gateway.app import LIVE_POLICY, SUPERVISOR
 from gateway.launch.supervisor import Supervisor
 from gateway.settings import Settings
 from tests.conftest import RunningGateway, StartGateway, as_policy
+from tests.waiting import until
 
 CHILD = str(Path(__file__).resolve().parent.parent / "fakes" / "child_backend.py")
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -36,13 +36,6 @@ def child_settings() -> Settings:
                     restart_backoff_s=(0.05, 0.2))
 
 
-async def _until(condition: Any, timeout_s: float = 10.0) -> None:
-    """Poll: the supervisor's state changes come from a child process, not an event."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-
-
 async def _chat(gateway: RunningGateway) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as session, session.post(
             gateway.base_url + "/chat/completions", json=BODY) as response:
@@ -60,7 +53,7 @@ def _alive(pid: int) -> bool:
 async def test_a_launched_backend_serves_once_healthy(start_gateway: StartGateway) -> None:
     gateway = await start_gateway(launch_policy(), child_settings())
     supervisor: Supervisor = gateway.app[SUPERVISOR]
-    await _until(lambda: supervisor.children["local"].url is not None)
+    await until(lambda: supervisor.children["local"].url is not None)
 
     status, body = await _chat(gateway)
 
@@ -71,12 +64,12 @@ async def test_a_launched_backend_serves_once_healthy(start_gateway: StartGatewa
 async def test_a_dead_child_is_restarted(start_gateway: StartGateway) -> None:
     gateway = await start_gateway(launch_policy(), child_settings())
     child = gateway.app[SUPERVISOR].children["local"]
-    await _until(lambda: child.url is not None)
+    await until(lambda: child.url is not None)
     first_pid = child.pid
     assert first_pid is not None
 
     os.kill(first_pid, signal.SIGKILL)
-    await _until(lambda: child.pid != first_pid and child.url is not None)
+    await until(lambda: child.pid != first_pid and child.url is not None)
 
     status, _ = await _chat(gateway)
     assert status == 200 and child.starts == 2
@@ -86,7 +79,7 @@ async def test_children_are_stopped_on_shutdown(start_gateway: StartGateway) -> 
     settings = child_settings()
     gateway = await start_gateway(launch_policy(), settings)
     supervisor: Supervisor = gateway.app[SUPERVISOR]
-    await _until(lambda: supervisor.children["local"].url is not None)
+    await until(lambda: supervisor.children["local"].url is not None)
     pid = supervisor.children["local"].pid
     assert pid is not None
 
@@ -99,7 +92,7 @@ async def test_a_child_that_cannot_start_leaves_the_gateway_serving_503s(
         start_gateway: StartGateway) -> None:
     gateway = await start_gateway(launch_policy("--fail"), child_settings())
     child = gateway.app[SUPERVISOR].children["local"]
-    await _until(lambda: child.last_error is not None)
+    await until(lambda: child.last_error is not None)
 
     status, body = await _chat(gateway)
     async with aiohttp.ClientSession() as session, session.get(
@@ -124,11 +117,11 @@ async def test_a_reload_starts_an_added_launched_backend_and_keeps_the_others(
     gateway = await start_gateway(launch_policy(), child_settings())
     supervisor: Supervisor = gateway.app[SUPERVISOR]
     local = supervisor.children["local"]
-    await _until(lambda: local.url is not None)
+    await until(lambda: local.url is not None)
     pid = local.pid
 
     gateway.app[LIVE_POLICY].swap(as_policy(two_launched_policy()))
-    await _until(lambda: "extra" in supervisor.children
+    await until(lambda: "extra" in supervisor.children
                  and supervisor.children["extra"].url is not None)
 
     assert supervisor.children["local"] is local and local.pid == pid and local.starts == 1
@@ -139,12 +132,12 @@ async def test_a_reload_starts_an_added_launched_backend_and_keeps_the_others(
 async def test_a_reload_stops_a_removed_launched_backend(start_gateway: StartGateway) -> None:
     gateway = await start_gateway(two_launched_policy(), child_settings())
     supervisor: Supervisor = gateway.app[SUPERVISOR]
-    await _until(lambda: all(child.url is not None for child in supervisor.children.values()))
+    await until(lambda: all(child.url is not None for child in supervisor.children.values()))
     extra_pid, local_pid = supervisor.children["extra"].pid, supervisor.children["local"].pid
     assert extra_pid is not None and local_pid is not None
 
     gateway.app[LIVE_POLICY].swap(as_policy(launch_policy()))
-    await _until(lambda: not _alive(extra_pid))
+    await until(lambda: not _alive(extra_pid))
 
     assert supervisor.children.keys() == {"local"} and _alive(local_pid)
     status, body = await _chat(gateway)
@@ -155,14 +148,14 @@ async def test_a_reload_that_changes_launch_restarts_that_child(
         start_gateway: StartGateway) -> None:
     gateway = await start_gateway(launch_policy(), child_settings())
     supervisor: Supervisor = gateway.app[SUPERVISOR]
-    await _until(lambda: supervisor.children["local"].url is not None)
+    await until(lambda: supervisor.children["local"].url is not None)
     old_pid = supervisor.children["local"].pid
     assert old_pid is not None
 
     changed = launch_policy()
     changed["backends"]["local"]["launch"]["startup_timeout_s"] = 9
     gateway.app[LIVE_POLICY].swap(as_policy(changed))
-    await _until(lambda: supervisor.children["local"].url is not None
+    await until(lambda: supervisor.children["local"].url is not None
                  and supervisor.children["local"].pid != old_pid)
 
     assert not _alive(old_pid)

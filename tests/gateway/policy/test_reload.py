@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +17,7 @@ from gateway.settings import Settings
 from policies import hash_key
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+from tests.waiting import until
 
 ADMIN_KEY = "rg-admin-test"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -30,14 +30,6 @@ def write(path: Path, text: str) -> None:
 
 def read(path: Path) -> str:
     return path.read_text()
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Wait until `condition()` holds, checking often (file events and signals arrive
-    on their own schedule)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
 
 
 def version_text(url: str, version: str) -> str:
@@ -176,7 +168,7 @@ async def test_request_in_flight_finishes_under_the_policy_it_started_with(
     async with aiohttp.ClientSession() as session:
         in_flight = asyncio.create_task(
             session.post(gateway.base_url + "/chat/completions", json=CHAT))
-        await eventually(lambda: bool(slow.received))
+        await until(lambda: bool(slow.received))
         write(policy_path, version_text(other.url, "v2"))
         status, _ = await admin(session, gateway, "POST", "/admin/policy/reload")
         assert status == 200
@@ -233,7 +225,7 @@ async def test_file_change_is_picked_up_by_the_watcher(
     replacement = policy_path.with_suffix(".new")
     write(replacement, version_text(two.url, "v2"))
     replacement.replace(policy_path)  # the way editors and ConfigMaps write it
-    await eventually(lambda: live.current.version_hash != before)
+    await until(lambda: live.current.version_hash != before)
     assert live.current.targets.keys() == {"bv2/m"}
 
 
@@ -245,7 +237,7 @@ async def test_sighup_reloads_the_file(
     live = gateway.app[RELOADER].live
     write(policy_path, version_text(two.url, "v2"))
     os.kill(os.getpid(), signal.SIGHUP)
-    await eventually(lambda: "bv2/m" in live.current.targets)
+    await until(lambda: "bv2/m" in live.current.targets)
     assert live.current.targets.keys() == {"bv2/m"}
 
 
@@ -257,7 +249,7 @@ async def test_sighup_with_the_file_unchanged_logs_that_the_policy_is_unchanged(
     version = gateway.app[RELOADER].live.current.version_hash
     with caplog.at_level(logging.INFO, logger="routegate.policy"):
         os.kill(os.getpid(), signal.SIGHUP)
-        await eventually(lambda: any("unchanged" in r.getMessage() for r in caplog.records))
+        await until(lambda: any("unchanged" in r.getMessage() for r in caplog.records))
     [line] = [r.getMessage() for r in caplog.records if "unchanged" in r.getMessage()]
     assert line.startswith("policy unchanged (signal)") and version in line
 
@@ -298,7 +290,7 @@ async def test_watcher_follows_every_configmap_update(
     await asyncio.sleep(0.2)  # the watcher is running before the first update
     for number in (1, 2):
         publish(number)
-        await eventually(lambda: f"bv{number}/m" in live.current.targets)  # noqa: B023
+        await until(lambda: f"bv{number}/m" in live.current.targets)  # noqa: B023
         assert live.current.targets.keys() == {f"bv{number}/m"}
 
 
@@ -315,5 +307,5 @@ async def test_watcher_sees_edits_to_the_file_a_symlink_points_at(
     live = gateway.app[RELOADER].live
     await asyncio.sleep(0.2)  # the watcher is running before the file changes
     write(real, version_text(two.url, "v2"))
-    await eventually(lambda: "bv2/m" in live.current.targets)
+    await until(lambda: "bv2/m" in live.current.targets)
     assert live.current.targets.keys() == {"bv2/m"}

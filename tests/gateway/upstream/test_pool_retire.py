@@ -3,7 +3,6 @@ it, then closes; new requests use the new one."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from gateway.upstream.http1 import Http1Client
 from policies.load import loads
 from tests.conftest import RunningGateway, StartGateway, StartUpstream, single_backend_policy
 from tests.fakes.openai_upstream import Behaviour
+from tests.waiting import until
 
 STREAM = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -26,12 +26,6 @@ def policy_text(url: str, connect_s: float) -> str:
     policy = single_backend_policy(url)
     policy["backends"]["up"]["timeouts"] = {"connect_s": connect_s}
     return yaml.safe_dump(policy)
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
 
 
 def session_of(gateway: RunningGateway) -> Http1Client:
@@ -49,7 +43,7 @@ async def test_a_retired_session_closes_once_its_stream_has_finished(
     async with aiohttp.ClientSession() as client:
         stream = await client.post(gateway.base_url + "/chat/completions", json=STREAM)
         assert stream.status == 200
-        await eventually(lambda: fake.chunks_sent == 2)  # paused mid-stream
+        await until(lambda: fake.chunks_sent == 2)  # paused mid-stream
         old = session_of(gateway)
 
         gateway.app[LIVE_POLICY].swap(loads(policy_text(fake.url, 4.0)))  # backend changed
@@ -63,7 +57,7 @@ async def test_a_retired_session_closes_once_its_stream_has_finished(
         text = (await stream.read()).decode()
         stream.release()
         assert "data: [DONE]" in text and "error" not in text
-        await eventually(lambda: old.closed)
+        await until(lambda: old.closed)
         assert not new.closed
 
 
@@ -89,7 +83,7 @@ async def test_a_pool_the_reload_replaced_or_removed_closes_at_once_when_idle(
         async with client.post(gateway.base_url + "/chat/completions", json=CHAT) as reply:
             assert reply.status == 200
 
-    await eventually(lambda: old.closed)
+    await until(lambda: old.closed)
 
 
 async def test_a_request_from_before_the_reload_closes_the_removed_backends_pool_after_it(
@@ -104,5 +98,5 @@ async def test_a_request_from_before_the_reload_closes_the_removed_backends_pool
     response = await straggler.open("/chat/completions", b'{"model":"m","messages":[]}')
     await response.read()
     response.release()
-    await eventually(lambda: straggler.idle_closed)
+    await until(lambda: straggler.idle_closed)
     assert pool.get("up", removed) is not straggler  # never kept for later requests
