@@ -10,7 +10,7 @@ and drained. The same arrival schedule runs against the engine with
 priorities), in the same process one after the other. Unloaded: high-band requests
 sent one at a time to the idle engine. High band alone: the schedule's high-band
 arrivals with the low-band ones left out, on the priority engine: what the high band's
-own queueing costs, the floor under any scheduling of the mixed load. Printed: high-band
+own load costs on this engine before any low-band work is added. Printed: high-band
 TTFT p95 against unloaded and against FCFS, whether every low-band request completed
 (and its worst wait), and total output tokens/s (all work over the time from first
 arrival to last token) against FCFS.
@@ -176,7 +176,7 @@ async def main_async(args: argparse.Namespace) -> None:
               f"offered {rate:.2f} req/s for {args.duration_s:.0f} s", flush=True)
         runs["priority"] = await open_loop(priority, rate, args.duration_s, seed=3)
         preemptions = priority.stats().preemptions
-        # The floor no order of work can go under: the high band's own arrivals, alone.
+        # What the high band's own load costs: its arrivals of the same schedule, alone.
         high_alone = await open_loop(priority, rate, args.duration_s, seed=3, only=HIGH)
     finally:
         priority.stop()

@@ -8,6 +8,7 @@ around the processes under test: free ports, core pinning, readiness, CPU and RS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -181,3 +182,20 @@ def cpu_seconds(pid: int) -> float:
         return time.clock_gettime_ns(clock.value) / 1e9
     except OSError:
         return 0.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (workers, exporter processes, a private Redis)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """`cpu_seconds` of `pid` and every process below it."""
+    return sum(cpu_seconds(member) for member in process_tree(pid))

@@ -310,15 +310,17 @@ def report(rounds: list[dict[str, dict[str, Result]]], rss: dict[str, float]) ->
     for c in (1, 16, 64):
         row(f"throughput req/s, concurrency {c}", [metric(n, f"c{c}") for n in names],
             "{:>13.0f}")
+    def label(key: str) -> str:  # "c16" → "concurrency 16", "stream c16", "500/s"
+        kind, _, count = key.rpartition("c")
+        return f"{kind}concurrency {count}" if count.isdigit() else key
+
     for key in ("c16", "c64", "stream c16", *(f"{rate}/s" for rate in RATES)):
-        label = key.replace("c16", "concurrency 16").replace("c64", "concurrency 64")
-        row(f"CPU us per request, {label}", [metric(n, key, cpu=True) for n in names],
+        row(f"CPU us per request, {label(key)}", [metric(n, key, cpu=True) for n in names],
             "{:>13.0f}")
     for key in ("c1", "c64", *(f"{rate}/s" for rate in RATES)):
-        label = f"concurrency {key[1:]}" if key.startswith("c") else key
         for q in (0.5, 0.99):
-            row(f"latency p{int(q * 100)} ms, {label}", [metric(n, key, q) for n in names],
-                "{:>13.3f}")
+            row(f"latency p{int(q * 100)} ms, {label(key)}",
+                [metric(n, key, q) for n in names], "{:>13.3f}")
     for q in (0.5, 0.99):
         row(f"stream first byte p{int(q * 100)} ms, conc. 1",
             [metric(n, "stream", q, True) for n in names], "{:>13.3f}")

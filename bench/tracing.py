@@ -44,6 +44,8 @@ from loadgen import (  # bench/
     load,
     paced,
     pinned,
+    process_tree,
+    tree_cpu_seconds,
     wait_listening,
 )
 from overhead import ROOT, routegate_policy
@@ -87,29 +89,11 @@ def run_sink(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (the exporter process of a gateway)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def pin_threads(pid: int, core: int) -> None:
     """Every thread of `pid` onto `core`; processes it has started keep their own mask."""
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         for task in Path(f"/proc/{pid}/task").iterdir():
             os.sched_setaffinity(int(task.name), {core})
-
-
-def with_children_cpu(pid: int) -> float:
-    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
 
 
 async def measure(port: int, pid: int, counts: dict[int, int],
@@ -118,13 +102,13 @@ async def measure(port: int, pid: int, counts: dict[int, int],
     await asyncio.sleep(0.3)  # its spans handed off, so their export is not counted below
     results = {}
     for c, n in [*counts.items(), (0, counts[16])]:
-        before, before_all = cpu_seconds(pid), with_children_cpu(pid)
+        before, before_all = cpu_seconds(pid), tree_cpu_seconds(pid)
         result = await (load(port, c, n) if c else paced(port, rate, n))
         await asyncio.sleep(0.3)  # this load's spans handed off to the exporter process
         done = len(result.latencies_ms)
         results[f"c{c}" if c else "paced"] = Measured(
             result, (cpu_seconds(pid) - before) * 1e6 / done,
-            (with_children_cpu(pid) - before_all) * 1e6 / done)
+            (tree_cpu_seconds(pid) - before_all) * 1e6 / done)
     return results
 
 
@@ -262,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         for process, port in gateways.values():
             asyncio.run(load(port, 16, WARM_UP))  # starts the exporter process
             pin_threads(process.pid, 0)
-            for child in children_of(process.pid):  # its exporter: another core, as on
+            for child in process_tree(process.pid)[1:]:  # its exporter: another core, as on
                 pin_threads(child, int(others.split("-")[0]))  # any multi-core host
         for _ in range(args.rounds):
             rounds.append({name: asyncio.run(measure(port, process.pid, counts, args.rate))

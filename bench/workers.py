@@ -27,40 +27,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import contextlib
 
 from bench.loadgen import (
-    cpu_seconds,
     free_port,
     load,
     paced,
     pinned,
+    process_tree,
+    tree_cpu_seconds,
     wait_listening,
 )
 from bench.overhead import routegate_policy
 from tests.redis_server import RedisServer, find_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and every process below it (workers, their exporters, the private Redis)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                todo += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
-
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    for member in tree(pid):
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(member)
-    return total
 
 
 def rss_mb(pid: int) -> float:
@@ -73,9 +53,9 @@ def rss_mb(pid: int) -> float:
 async def measure(port: int, pid: int, total: int, rate: float, seconds: float
                   ) -> dict[str, float]:
     await load(port, 16, 300)  # warm-up: connections, caches
-    before = tree_cpu(pid)
+    before = tree_cpu_seconds(pid)
     result = await load(port, 64, total)
-    cpu_us = (tree_cpu(pid) - before) * 1e6 / len(result.latencies_ms)
+    cpu_us = (tree_cpu_seconds(pid) - before) * 1e6 / len(result.latencies_ms)
     p99 = (await paced(port, rate, int(rate * seconds))).pct(0.99)
     return {"rps": result.rps, "cpu_us": cpu_us, "p99_ms": p99}
 
@@ -134,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault(name, []).append(asyncio.run(
                     measure(port, process.pid, total, args.rate, seconds)))
         for name, (_, process) in gateways.items():
-            members = tree(process.pid)
+            members = process_tree(process.pid)
             memory[name] = " + ".join(f"{rss_mb(pid):.0f}" for pid in members)
     finally:
         for process in processes:
